@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# tests/run.sh: runs every test program ($BUILD/tests/test_*) and every
+# integration script (tests/integration/*.sh, *.py), each under a timeout,
+# logs to $BUILD/test-logs/, counts "ok - " / "not ok - " lines and prints the
+# final "N passed, N failed". A program that exits non-zero without a
+# "not ok" line (a crash, a timeout) counts as one failure. TESTS=pattern
+# runs only matching programs.
+set -u
+BUILD=${BUILD:-build}
+export BUILD TINY=${TINY:-$BUILD/fixtures/tiny}
+LOGS=$BUILD/test-logs
+mkdir -p "$LOGS"
+PER_TEST_TIMEOUT=${PER_TEST_TIMEOUT:-900}
+pass=0 fail=0
+failed_names=()
+
+run_one() {  # name, command...
+    local name=$1; shift
+    local log=$LOGS/$name.log
+    local t0=$(date +%s.%N)
+    timeout -k 10 "$PER_TEST_TIMEOUT" "$@" >"$log" 2>&1
+    local rc=$?
+    local p f
+    p=$(grep -c '^ok - ' "$log")
+    f=$(grep -c '^not ok - ' "$log")
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1
+        echo "not ok - $name exited with status $rc (see $log)" >>"$log"
+    fi
+    local dt=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+    pass=$((pass + p)); fail=$((fail + f))
+    if [ "$f" -eq 0 ]; then
+        printf 'PASS %-32s %4d checks  %6ss\n' "$name" "$p" "$dt"
+    else
+        printf 'FAIL %-32s %4d ok, %d failed  %6ss\n' "$name" "$p" "$f" "$dt"
+        grep '^not ok - ' "$log" | head -n 20 | sed 's/^/     /'
+        tail -n 15 "$log" | sed 's/^/     | /'
+        failed_names+=("$name")
+    fi
+}
+
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] || continue
+    n=$(basename "$t")
+    [ -n "${TESTS:-}" ] && [[ "$n" != *${TESTS}* ]] && continue
+    run_one "$n" "$t"
+done
+for s in tests/integration/*.sh tests/integration/*.py; do
+    [ -f "$s" ] || continue
+    n=$(basename "$s")
+    [ -n "${TESTS:-}" ] && [[ "$n" != *${TESTS}* ]] && continue
+    case "$s" in
+        *.sh) run_one "$n" bash "$s" ;;
+        *.py) run_one "$n" /usr/bin/python3 "$s" ;;
+    esac
+done
+
+[ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
