@@ -96,7 +96,7 @@ tsan:
 
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 fuzz:
-	$(MAKE) BUILD=build-fuzz CC=clang SANFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" OPT=-O1 build-fuzz/libk3.a
+	$(MAKE) BUILD=build-fuzz CC=clang SANFLAGS="-fsanitize=address,undefined,fuzzer-no-link -fno-omit-frame-pointer" OPT=-O1 build-fuzz/libk3.a
 	@mkdir -p build-fuzz/fuzz
 	@set -e; for f in $(FUZZ_SRC); do n=$$(basename $$f .c); \
 	  clang -std=c11 -D_GNU_SOURCE -g -O1 -I. $(PKG_CFLAGS) -fsanitize=fuzzer,address,undefined \

@@ -14,9 +14,10 @@
  * chosen once per process from cpuid (k3_isa_*); K3_ISA=scalar|avx2|avx512
  * forces a level. Within one ISA level the result of a (row, token) dot is the
  * same bits whatever n (chunk size), the row range split or the thread count:
- * matmul over n tokens is n matvecs with the same summation order. Across ISA
- * levels exact-float results differ within rounding; integer-dot paths
- * (k3_mxfp4_*_i8) are bit-exact across levels.
+ * matmul over n tokens is n matvecs with the same summation order. All levels
+ * share one summation order (16 strided lanes, fused multiply-add, a fixed lane
+ * tree; kernels.c), so exact-float results are bit-identical across levels
+ * too, and integer-dot paths (k3_mxfp4_*_i8) are exact by construction.
  *
  * Threads: all functions are reentrant; the *_mt variants use the pool.
  */
@@ -61,8 +62,8 @@ size_t k3_qmat_bytes(const k3_qmat *m);
 
 /* y[t][r] = sum_c W[r][c] x[t][c] for t in [0,n), r in [r0,r1).
  * x: [n][cols], y: [n][rows] (row stride = m->rows). Float activations and
- * float accumulation in column order per row (spec 4.2); I8 multiplies the
- * row scale at the end, I4G64 scales each group sum. */
+ * float accumulation per row in the 16-lane order (spec 4.2 fixes no order);
+ * I8 multiplies the row scale at the end, I4G64 scales each group sum. */
 void k3_qmat_matmul_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1);
 /* Same over all rows, split across the pool. */
 void k3_qmat_matmul(const k3_qmat *m, const float *x, int n, float *y, k3_pool *pool);

@@ -17,6 +17,7 @@
 #define K3_MAX_VOCAB (1 << 22)     /* spec: vocab <= 2^22 (K3 has 163840) */
 #define K3_MAX_CONV_K 8            /* spec: conv_k <= 8 (K3 uses 4) */
 #define K3_MAX_KDA_HD 512          /* spec: kda head dim <= 512 (stack buffers) */
+#define K3_MAX_HEAD_DIM 512        /* MLA qk_nope/qk_rope/v_head (K3: 128/64/128), stack buffers */
 #define K3_MAX_KV_LORA 4096        /* spec: kv_lora <= 4096 (stack buffers) */
 #define K3_MAX_RES_ENTRIES 16      /* spec: ceil(n_layers/res_bs)+1 <= 16 */
 #define K3_MAX_HEADS 1024          /* 8x K3's 96: any sane MHA/KDA width */
@@ -47,13 +48,28 @@
 #define K3_TOK_ADDED 256             /* K3: 256 control tokens above ranks */
 #define K3_TOK_MAX_INPUT (256u << 20) /* bytes of text per encode call */
 
+/* ---- chat (interfaces.md 2.3) ---- */
+#define K3_CHAT_MAX_NAME 256      /* tool / argument names: the reference's 400 above 256 */
+#define K3_CHAT_MAX_CALLS 64      /* tool calls per assistant message (reference) */
+#define K3_CHAT_MAX_ARGS 64       /* arguments per tool call (reference) */
+#define K3_CHAT_MAX_TAG_BYTES 2048 /* a generated tag: 256-byte name, escaped x6, + attrs */
+
 /* ---- wire protocol (../shared/design/RELIABILITY.md section 4) ---- */
 #define K3_PROTO_MAX_ENVELOPE 65536   /* envelope frame bytes */
 #define K3_PROTO_MAX_DEPTH 8          /* msgpack nesting, well under 32 */
 #define K3_PROTO_MAX_OBJECTS 4096     /* msgpack objects per envelope */
 #define K3_PROTO_MAX_STR 4096         /* one string field */
 #define K3_PROTO_MAX_FRAMES 8         /* frames per message */
+#define K3_PROTO_MAX_KEYS 64          /* envelope map entries; v1's largest has 17 */
+#define K3_PROTO_MAX_NAME 256         /* worker name / build id buffer (255 + NUL) */
+#define K3_PROTO_MAX_EVICTED 64       /* sessions one FORWARD_DONE reports evicted (0-1 in practice) */
 /* one tensor frame: blocks [16][512][65536] f32 would be 2 GiB; cap at 1 GiB */
 #define K3_PROTO_MAX_FRAME_BYTES (1ull << 30)
+
+/* ---- cluster transport (proto/link.h, worker/, coordinator/cluster.c) ---- */
+#define K3_MAX_ALLOW_KEYS 1024        /* coordinator keys a worker admits; a cluster has a handful */
+#define K3_MAX_KEYFILE_BYTES 65536    /* key / allow-list / worker-keys file; 1024 keys x ~60 B */
+#define K3_MAX_WORKERS 128            /* stages: at most one per layer (K3_MAX_LAYERS) */
+#define K3_MAX_ENDPOINT 256           /* one endpoint string (ipc paths are <= 107 bytes) */
 
 #endif

@@ -30,7 +30,8 @@ typedef struct k3_model_opts {
     const char *model_dir;        /* config.json, tokenizer, index */
     const char *const *dirs;      /* extra shard dirs (--dirs / K3_DIRS) */
     int n_dirs;
-    int layer_a, layer_b;         /* [a, b); b <= 0 means n_layers */
+    int layer_a, layer_b;         /* [a, b); b <= 0 means n_layers; a = n_layers with
+                                     want_global: global tensors only (no layers) */
     int want_global;              /* embedding, final norm, w_out, lm_head */
     int max_layers;               /* K3_LAYERS truncation, 0 = all */
     int bits;                     /* K3_BITS (default 4; 32 = f32) */
@@ -77,5 +78,20 @@ k3_status k3_model_embed(k3_model *m, const int32_t *ids, int T, float *h, char 
  * positions [t0, T) only (t0 = T-1 for generation), logits: [T - t0][vocab]. */
 k3_status k3_model_head(k3_model *m, const float *blocks, int nb, const float *h, int T, int t0,
                         float *logits, char *err, size_t errlen);
+
+/* ---- for the layer runner (common/stage.c); not part of the wire API ---- */
+
+struct k3_layer_w;
+struct k3_experts;
+/* Weights of `layer` (must be inside the range). */
+const struct k3_layer_w *k3_model_layer(const k3_model *m, int layer);
+/* The routed-expert store of the range (NULL when it has no MoE layer). */
+struct k3_experts *k3_model_experts(k3_model *m);
+int k3_model_idot(const k3_model *m);
+double k3_model_topp(const k3_model *m);
+/* The model's pool serves one forward (or head) at a time: calls on
+ * different states serialise here. */
+void k3_model_lock(k3_model *m);
+void k3_model_unlock(k3_model *m);
 
 #endif

@@ -107,9 +107,15 @@ k3_status st_pread(st_index *idx, int shard, uint64_t off, void *buf, size_t len
 int st_shard_count(const st_index *idx);
 const char *st_shard_path(const st_index *idx, int shard); /* full path */
 const char *st_shard_name(const st_index *idx, int shard); /* basename */
-uint64_t st_shard_size(const st_index *idx, int shard);    /* at open */
+uint64_t st_shard_size(const st_index *idx, int shard);    /* at open (listing before) */
 int st_shard_is_open(const st_index *idx, int shard);
 int st_shard_fd(const st_index *idx, int shard, int direct); /* -1 if not open */
+
+/* Re-fstat an open shard (RELIABILITY.md 5.11): K3_ERR_IO naming the file
+ * when its size or mtime differs from what was recorded at open (truncated
+ * or replaced since), K3_ERR_STATE when it is not open. Cheap enough to run
+ * before each streaming pass. */
+k3_status st_shard_check(const st_index *idx, int shard, char *err, size_t errlen);
 
 /* The "language_model." prefix used by this checkpoint ("" or the prefix),
  * probed on model.layers.0.input_layernorm.weight (spec 2.1). */

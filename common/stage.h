@@ -62,4 +62,9 @@ k3_status k3_stage_forward(k3_model *m, k3_state *s, int pos0, int T, float *blo
                            float *h, k3_step_stats *stats, k3_trace_fn trace, void *trace_ctx,
                            char *err, size_t errlen);
 
+/* Cancellation hook: when *cancel becomes non-zero, k3_stage_forward stops
+ * before its next layer and returns K3_ERR_CANCEL (the state is then
+ * unusable until k3_state_reset). NULL disables. The pointer is borrowed. */
+void k3_stage_set_cancel(k3_state *s, volatile int *cancel);
+
 #endif

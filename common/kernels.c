@@ -1,0 +1,542 @@
+/* common/kernels.c: ISA dispatch, the scalar reference kernels, the
+ * load-time quantizers (spec 4.2) and the threaded wrappers.
+ *
+ * The scalar kernels ARE the specification in code: one float accumulator per
+ * (row, token), columns in order, group sums exactly as spec 4.1/4.2 words
+ * them. Vector backends (kernels_avx2.c, kernels_avx512.c) are tested
+ * against them. Dispatch is one table pointer, chosen once (cpuid, K3_ISA)
+ * and changed only by k3_isa_force (tests).
+ */
+#include "kernels.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_isa.h"
+#include "log.h"
+
+/* ---- tables ---- */
+
+const float k3_e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                           -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+const int8_t k3_e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+float k3_e8m0_half[256];
+
+float k3_e8m0_to_f32(uint8_t s) {
+    uint32_t bits = (uint32_t)s << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* ---- per-thread scratch ---- */
+
+/* One growing buffer per thread (pool workers live as long as the process;
+ * the key's destructor frees it when a thread exits). Only kernels use it,
+ * for data that lives within one call. */
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+
+typedef struct {
+    void *p;
+    size_t cap;
+} scratch_buf;
+
+static void scratch_free(void *v) {
+    scratch_buf *b = v;
+    free(b->p);
+    free(b);
+}
+
+static void scratch_init(void) { K3_ASSERT(pthread_key_create(&g_scratch_key, scratch_free) == 0); }
+
+void *k3_kern_scratch(size_t bytes) {
+    pthread_once(&g_scratch_once, scratch_init);
+    scratch_buf *b = pthread_getspecific(g_scratch_key);
+    if (!b) {
+        b = k3_xcalloc(1, sizeof *b);
+        K3_ASSERT(pthread_setspecific(g_scratch_key, b) == 0);
+    }
+    if (b->cap < bytes) {
+        free(b->p);
+        b->cap = bytes + bytes / 4;
+        b->p = k3_xaligned(64, b->cap);
+    }
+    return b->p;
+}
+
+/* ---- ISA dispatch ---- */
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static k3_isa g_detected = K3_ISA_SCALAR;
+static _Atomic(const k3_kern_ops *) g_ops;
+
+const char *k3_isa_name(k3_isa level) {
+    switch (level) {
+    case K3_ISA_SCALAR: return "scalar";
+    case K3_ISA_AVX2: return "avx2";
+    case K3_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+static const k3_kern_ops *ops_for(k3_isa level) {
+    switch (level) {
+    case K3_ISA_AVX512: return &k3_kern_avx512;
+    case K3_ISA_AVX2: return &k3_kern_avx2;
+    case K3_ISA_SCALAR: break;
+    }
+    return &k3_kern_scalar;
+}
+
+static k3_isa detect_cpu(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return K3_ISA_SCALAR;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni"))
+        return K3_ISA_AVX512;
+    return K3_ISA_AVX2;
+#else
+    return K3_ISA_SCALAR;
+#endif
+}
+
+static void isa_init(void) {
+    for (int s = 0; s < 256; s++) k3_e8m0_half[s] = k3_e8m0_to_f32((uint8_t)s) * 0.5f;
+    g_detected = detect_cpu();
+    k3_isa use = g_detected;
+    const char *env = getenv("K3_ISA");
+    if (env && *env) {
+        k3_isa want = K3_ISA_SCALAR;
+        if (!strcmp(env, "scalar")) want = K3_ISA_SCALAR;
+        else if (!strcmp(env, "avx2")) want = K3_ISA_AVX2;
+        else if (!strcmp(env, "avx512")) want = K3_ISA_AVX512;
+        else {
+            K3_WARN("K3_ISA=%s: expected scalar, avx2 or avx512; using %s", env,
+                    k3_isa_name(g_detected));
+            want = g_detected;
+        }
+        if (want > g_detected)
+            K3_WARN("K3_ISA=%s: this CPU supports up to %s; using %s", env,
+                    k3_isa_name(g_detected), k3_isa_name(g_detected));
+        else use = want;
+    }
+    atomic_store_explicit(&g_ops, ops_for(use), memory_order_release);
+}
+
+static inline const k3_kern_ops *ops(void) {
+    const k3_kern_ops *o = atomic_load_explicit(&g_ops, memory_order_acquire);
+    if (__builtin_expect(o != NULL, 1)) return o;
+    pthread_once(&g_once, isa_init);
+    return atomic_load_explicit(&g_ops, memory_order_acquire);
+}
+
+k3_isa k3_isa_detect(void) {
+    pthread_once(&g_once, isa_init);
+    return g_detected;
+}
+
+k3_isa k3_isa_active(void) { return ops()->isa; }
+
+k3_status k3_isa_force(k3_isa level, char *err, size_t errlen) {
+    pthread_once(&g_once, isa_init);
+    if (level < K3_ISA_SCALAR || level > K3_ISA_AVX512)
+        return k3_errf(K3_ERR_ARG, err, errlen, "isa level %d: not in [0, 2]", (int)level);
+    if (level > g_detected)
+        return k3_errf(K3_ERR_ARG, err, errlen, "isa %s: this CPU supports up to %s",
+                       k3_isa_name(level), k3_isa_name(g_detected));
+    atomic_store_explicit(&g_ops, ops_for(level), memory_order_release);
+    return K3_OK;
+}
+
+/* ---- scalar reference kernels ----
+ *
+ * Exact-float order, reproduced bit for bit by every ISA level: 16 lanes;
+ * lane k owns columns k, k+16, k+32, ... (AVX-512: one zmm; AVX2: two ymm,
+ * lanes 0-7 and 8-15). Each step is one fused multiply-add (C99 fmaf here,
+ * vfmadd there: both round once, so they agree bit for bit).
+ * The lanes are summed by the tree t[k] = l[k] + l[k+8], then
+ * ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)); the cols % 16 tail columns are then
+ * added in column order (fmaf). Group formats (int4-g64, MXFP4) keep a
+ * 16-lane group sum (first step a plain multiply, then fmaf), fold it in with
+ * acc = fmaf(group sum, group scale, acc), and sum the tree at the end.
+ *
+ * Why not one column-order sum: over 7168 columns it carries ~1.5e-6
+ * relative error by itself, so no vector kernel could be "within 1e-6" of
+ * it; a shared lane order makes them equal instead (and more accurate). */
+
+#define LANES 16
+
+static inline float lane_tree(const float a[LANES]) {
+    float t[8];
+    for (int k = 0; k < 8; k++) t[k] = a[k] + a[k + 8];
+    return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+}
+
+static void sc_f32_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    const int cols = m->cols, cl = cols / LANES * LANES;
+    for (int r = r0; r < r1; r++) {
+        const float *w = m->w + (size_t)r * cols;
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * cols;
+            float a[LANES] = {0};
+            for (int c = 0; c < cl; c += LANES)
+                for (int k = 0; k < LANES; k++) a[k] = fmaf(w[c + k], xt[c + k], a[k]);
+            float acc = lane_tree(a);
+            for (int c = cl; c < cols; c++) acc = fmaf(w[c], xt[c], acc);
+            y[(size_t)t * m->rows + r] = acc;
+        }
+    }
+}
+
+static void sc_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    const int cols = m->cols, cl = cols / LANES * LANES;
+    for (int r = r0; r < r1; r++) {
+        const int8_t *q = m->q8 + (size_t)r * cols;
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * cols;
+            float a[LANES] = {0};
+            for (int c = 0; c < cl; c += LANES)
+                for (int k = 0; k < LANES; k++) a[k] = fmaf((float)q[c + k], xt[c + k], a[k]);
+            float acc = lane_tree(a);
+            for (int c = cl; c < cols; c++) acc = fmaf((float)q[c], xt[c], acc);
+            y[(size_t)t * m->rows + r] = acc * m->scales[r]; /* row scale last */
+        }
+    }
+}
+
+/* Nibble formats (int4-g64, MXFP4) use the nibble order: a block of 32
+ * columns is 16 packed bytes, and lane k owns byte k, i.e. column 2k (low
+ * nibble) and then column 2k+1 (high nibble). The vector decoders then never
+ * interleave nibbles; they permute the activations once per call instead. */
+static void sc_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    const int cols = m->cols, ng = cols / 64;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *q = m->q4 + (size_t)r * (cols / 2);
+        const float *sc = m->scales + (size_t)r * ng;
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * cols;
+            float a[LANES] = {0};
+            for (int g = 0; g < ng; g++) {
+                const uint8_t *qg = q + g * 32;
+                const float *xg = xt + g * 64;
+                for (int k = 0; k < LANES; k++) {
+                    float gs = (float)((qg[k] & 15) - 8) * xg[2 * k];
+                    gs = fmaf((float)((qg[k] >> 4) - 8), xg[2 * k + 1], gs);
+                    gs = fmaf((float)((qg[16 + k] & 15) - 8), xg[32 + 2 * k], gs);
+                    gs = fmaf((float)((qg[16 + k] >> 4) - 8), xg[32 + 2 * k + 1], gs);
+                    a[k] = fmaf(gs, sc[g], a[k]);
+                }
+            }
+            y[(size_t)t * m->rows + r] = lane_tree(a);
+        }
+    }
+}
+
+/* MXFP4 exact-float (spec 4.1): y = sum_g 2^(s-127) * sum_{i in g} x v(n).
+ * Computed as sum_g (2^(s-127)/2) * sum x*(2v): every product and partial
+ * sum is exactly twice the one with v (a power-of-two scaling), so the value
+ * is the spec's, and the doubled integers are what the vector kernels use. */
+static void sc_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
+    const int cols = w->cols, ng = cols / 32;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *p = w->packed + (size_t)r * (cols / 2);
+        const uint8_t *s = w->scale + (size_t)r * ng;
+        for (int t = 0; t < n; t++) {
+            const float *xt = x + (size_t)t * cols;
+            float a[LANES] = {0};
+            for (int g = 0; g < ng; g++) {
+                const float e = k3_e8m0_half[s[g]];
+                for (int k = 0; k < LANES; k++) {
+                    const uint8_t b = p[g * 16 + k];
+                    float gs = (float)k3_e2m1_x2[b & 15] * xt[g * 32 + 2 * k];
+                    gs = fmaf((float)k3_e2m1_x2[b >> 4], xt[g * 32 + 2 * k + 1], gs);
+                    a[k] = fmaf(gs, e, a[k]);
+                }
+            }
+            y[(size_t)t * w->rows + r] = lane_tree(a);
+        }
+    }
+}
+
+float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols,
+                          const int8_t *xq, const float *xs) {
+    float acc = 0.0f;
+    for (int g = 0; g < cols / 32; g++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            uint8_t b = packed[g * 16 + j];
+            isum += k3_e2m1_x2[b & 15] * xq[g * 32 + 2 * j];
+            isum += k3_e2m1_x2[b >> 4] * xq[g * 32 + 2 * j + 1];
+        }
+        /* 2^(s-127) * 0.5 * sx, then the exact integer sum times it */
+        float f = k3_e8m0_half[scale[g]] * xs[g];
+        acc += (float)isum * f;
+    }
+    return acc;
+}
+
+static void sc_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                     int r0, int r1) {
+    const int cols = w->cols, ng = cols / 32;
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *p = w->packed + (size_t)r * (cols / 2);
+        const uint8_t *s = w->scale + (size_t)r * ng;
+        for (int t = 0; t < n; t++)
+            y[(size_t)t * w->rows + r] =
+                k3_mx_i8_row_scalar(p, s, cols, xq + (size_t)t * cols, xs + (size_t)t * ng);
+    }
+}
+
+/* Clamps written as the comparisons minps/maxps perform (a < b ? a : b), so
+ * that a NaN lands on the same side in the scalar and vector quantizers. */
+static inline float clampf(float v, float lo, float hi) {
+    v = v < hi ? v : hi;
+    return v > lo ? v : lo;
+}
+
+static void sc_act_q8(const float *x, int n, int cols, int8_t *q, float *s) {
+    const int ng = cols / 32;
+    for (int t = 0; t < n; t++) {
+        for (int g = 0; g < ng; g++) {
+            const float *xg = x + (size_t)t * cols + g * 32;
+            int8_t *qg = q + (size_t)t * cols + g * 32;
+            float m = 0.0f;
+            for (int i = 0; i < 32; i++) {
+                float a = fabsf(xg[i]);
+                m = a > m ? a : m;
+            }
+            float sg = m / 127.0f;
+            sg = sg > 1e-20f ? sg : 1e-20f;
+            float inv = 1.0f / sg;
+            for (int i = 0; i < 32; i++) qg[i] = (int8_t)clampf(rintf(xg[i] * inv), -127.f, 127.f);
+            s[(size_t)t * ng + g] = sg;
+        }
+    }
+}
+
+const k3_kern_ops k3_kern_scalar = {
+    .isa = K3_ISA_SCALAR,
+    .f32_rows = sc_f32_rows,
+    .i8_rows = sc_i8_rows,
+    .i4_rows = sc_i4_rows,
+    .mx_f32 = sc_mx_f32,
+    .mx_i8 = sc_mx_i8,
+    .act_q8 = sc_act_q8,
+};
+
+/* ---- load-time quantization (spec 4.2) ---- */
+
+static float max_abs(const float *v, int n) {
+    float m = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(v[i]);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+void k3_qmat_quantize(k3_qmat *m, const float *w, int rows, int cols, int bits) {
+    K3_ASSERT(rows >= 0 && cols > 0);
+    memset(m, 0, sizeof *m);
+    m->rows = rows;
+    m->cols = cols;
+    m->owned = 1;
+    const size_t nel = (size_t)rows * (size_t)cols;
+    if (bits >= 32) {
+        m->fmt = K3_QF_F32;
+        m->w = k3_xaligned(64, nel * sizeof(float));
+        memcpy(m->w, w, nel * sizeof(float));
+        return;
+    }
+    if (bits <= 4 && cols % 64 == 0) {
+        const int ng = cols / 64;
+        m->fmt = K3_QF_I4G64;
+        m->q4 = k3_xaligned(64, nel / 2);
+        m->scales = k3_xaligned(64, (size_t)rows * ng * sizeof(float));
+        for (int r = 0; r < rows; r++) {
+            for (int g = 0; g < ng; g++) {
+                const float *wg = w + (size_t)r * cols + g * 64;
+                uint8_t *qg = m->q4 + (size_t)r * (cols / 2) + g * 32;
+                float s = max_abs(wg, 64) / 7.0f;
+                s = s > 1e-20f ? s : 1e-20f;
+                float inv = 1.0f / s;
+                for (int j = 0; j < 32; j++) {
+                    int lo = (int)clampf(rintf(wg[2 * j] * inv), -8.f, 7.f) + 8;
+                    int hi = (int)clampf(rintf(wg[2 * j + 1] * inv), -8.f, 7.f) + 8;
+                    qg[j] = (uint8_t)(lo | hi << 4); /* even column in the low nibble */
+                }
+                m->scales[(size_t)r * ng + g] = s;
+            }
+        }
+        return;
+    }
+    m->fmt = K3_QF_I8;
+    m->q8 = k3_xaligned(64, nel);
+    m->scales = k3_xaligned(64, (size_t)rows * sizeof(float));
+    for (int r = 0; r < rows; r++) {
+        const float *wr = w + (size_t)r * cols;
+        int8_t *qr = m->q8 + (size_t)r * cols;
+        float s = max_abs(wr, cols) / 127.0f;
+        s = s > 1e-20f ? s : 1e-20f;
+        float inv = 1.0f / s; /* multiply by the reciprocal, do not divide (spec 4.2) */
+        for (int c = 0; c < cols; c++) qr[c] = (int8_t)clampf(rintf(wr[c] * inv), -127.f, 127.f);
+        m->scales[r] = s;
+    }
+}
+
+void k3_qmat_downcast_i4(k3_qmat *dst, const k3_qmat *src) {
+    K3_ASSERT(src->fmt == K3_QF_I8 && src->cols % 64 == 0);
+    const int rows = src->rows, cols = src->cols, ng = cols / 64;
+    memset(dst, 0, sizeof *dst);
+    dst->fmt = K3_QF_I4G64;
+    dst->rows = rows;
+    dst->cols = cols;
+    dst->owned = 1;
+    dst->q4 = k3_xaligned(64, (size_t)rows * cols / 2);
+    dst->scales = k3_xaligned(64, (size_t)rows * ng * sizeof(float));
+    for (int r = 0; r < rows; r++) {
+        const float s8 = src->scales[r];
+        for (int g = 0; g < ng; g++) {
+            const int8_t *qg = src->q8 + (size_t)r * cols + g * 64;
+            uint8_t *og = dst->q4 + (size_t)r * (cols / 2) + g * 32;
+            int a = 0;
+            for (int i = 0; i < 64; i++) a = abs(qg[i]) > a ? abs(qg[i]) : a;
+            /* s = a * s8_row / 7. An all-zero group (a = 0) would give s = 0
+             * and a 0/0 ratio; the spec does not say, so it takes the 1e-20
+             * floor of the other quantizers (its q4 are 0 either way). */
+            float s = (float)a * s8 / 7.0f;
+            s = s > 1e-20f ? s : 1e-20f;
+            float ratio = s8 / s;
+            for (int j = 0; j < 32; j++) {
+                int lo = (int)clampf(rintf((float)qg[2 * j] * ratio), -8.f, 7.f) + 8;
+                int hi = (int)clampf(rintf((float)qg[2 * j + 1] * ratio), -8.f, 7.f) + 8;
+                og[j] = (uint8_t)(lo | hi << 4);
+            }
+            dst->scales[(size_t)r * ng + g] = s;
+        }
+    }
+}
+
+void k3_qmat_free(k3_qmat *m) {
+    if (!m) return;
+    if (m->owned) {
+        free(m->w);
+        free(m->q8);
+        free(m->q4);
+        free(m->scales);
+    }
+    memset(m, 0, sizeof *m);
+}
+
+size_t k3_qmat_bytes(const k3_qmat *m) {
+    const size_t nel = (size_t)m->rows * (size_t)m->cols;
+    switch (m->fmt) {
+    case K3_QF_F32: return nel * sizeof(float);
+    case K3_QF_I8: return nel + (size_t)m->rows * sizeof(float);
+    case K3_QF_I4G64: return nel / 2 + (size_t)m->rows * (m->cols / 64) * sizeof(float);
+    }
+    return 0;
+}
+
+/* ---- public kernels ---- */
+
+void k3_qmat_matmul_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    K3_ASSERT(0 <= r0 && r0 <= r1 && r1 <= m->rows && n >= 0);
+    if (n == 0 || r0 == r1) return;
+    const k3_kern_ops *o = ops();
+    switch (m->fmt) {
+    case K3_QF_F32: o->f32_rows(m, x, n, y, r0, r1); return;
+    case K3_QF_I8: o->i8_rows(m, x, n, y, r0, r1); return;
+    case K3_QF_I4G64:
+        K3_ASSERT(m->cols % 64 == 0);
+        o->i4_rows(m, x, n, y, r0, r1);
+        return;
+    }
+    K3_ASSERT(!"k3_qmat: unknown format");
+}
+
+void k3_mxfp4_matmul_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
+    K3_ASSERT(w->cols % 32 == 0 && 0 <= r0 && r0 <= r1 && r1 <= w->rows && n >= 0);
+    if (n == 0 || r0 == r1) return;
+    ops()->mx_f32(w, x, n, y, r0, r1);
+}
+
+void k3_mxfp4_matmul_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                        int r0, int r1) {
+    K3_ASSERT(w->cols % 32 == 0 && 0 <= r0 && r0 <= r1 && r1 <= w->rows && n >= 0);
+    if (n == 0 || r0 == r1) return;
+    ops()->mx_i8(w, xq, xs, n, y, r0, r1);
+}
+
+void k3_act_quant_q8(const float *x, int n, int cols, int8_t *q, float *s) {
+    K3_ASSERT(cols % 32 == 0 && n >= 0);
+    if (n == 0) return;
+    ops()->act_q8(x, n, cols, q, s);
+}
+
+/* ---- threaded wrappers ---- */
+
+/* Rows are split into tasks of a multiple of 16 rows (the largest vector
+ * row block: AVX-512 integer-dot), about 4 tasks per thread so a slow thread
+ * does not hold up the others. Any split gives the same bits (kernels_isa.h). */
+typedef struct mm_job {
+    int kind; /* 0 qmat, 1 mxfp4 f32, 2 mxfp4 i8 */
+    const k3_qmat *m;
+    const k3_mxfp4 *w;
+    const float *x;
+    const int8_t *xq;
+    const float *xs;
+    int n, rows, rows_per_task;
+    float *y;
+} mm_job;
+
+static void mm_task(void *ctx, int task) {
+    const mm_job *j = ctx;
+    int r0 = task * j->rows_per_task;
+    int r1 = r0 + j->rows_per_task < j->rows ? r0 + j->rows_per_task : j->rows;
+    switch (j->kind) {
+    case 0: k3_qmat_matmul_rows(j->m, j->x, j->n, j->y, r0, r1); break;
+    case 1: k3_mxfp4_matmul_f32(j->w, j->x, j->n, j->y, r0, r1); break;
+    default: k3_mxfp4_matmul_i8(j->w, j->xq, j->xs, j->n, j->y, r0, r1); break;
+    }
+}
+
+static void mm_run(mm_job *j, k3_pool *pool) {
+    int threads = k3_pool_threads(pool);
+    int blocks = (j->rows + 15) / 16;
+    int tasks = threads == 1 ? 1 : threads * 4;
+    if (tasks > blocks) tasks = blocks;
+    if (tasks < 1) tasks = 1;
+    j->rows_per_task = (blocks + tasks - 1) / tasks * 16;
+    tasks = (j->rows + j->rows_per_task - 1) / j->rows_per_task;
+    if (tasks <= 1) {
+        mm_task(j, 0);
+        return;
+    }
+    k3_pool_run(pool, mm_task, j, tasks);
+}
+
+void k3_qmat_matmul(const k3_qmat *m, const float *x, int n, float *y, k3_pool *pool) {
+    if (n <= 0 || m->rows == 0) return;
+    mm_job j = {.kind = 0, .m = m, .x = x, .n = n, .rows = m->rows, .y = y};
+    mm_run(&j, pool);
+}
+
+void k3_mxfp4_matmul_f32_mt(const k3_mxfp4 *w, const float *x, int n, float *y, k3_pool *pool) {
+    if (n <= 0 || w->rows == 0) return;
+    mm_job j = {.kind = 1, .w = w, .x = x, .n = n, .rows = w->rows, .y = y};
+    mm_run(&j, pool);
+}
+
+void k3_mxfp4_matmul_i8_mt(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
+                           float *y, k3_pool *pool) {
+    if (n <= 0 || w->rows == 0) return;
+    mm_job j = {.kind = 2, .w = w, .xq = xq, .xs = xs, .n = n, .rows = w->rows, .y = y};
+    mm_run(&j, pool);
+}

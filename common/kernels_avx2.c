@@ -1,0 +1,430 @@
+/* common/kernels_avx2.c: AVX2+FMA backend (see kernels_isa.h).
+ *
+ * Compiled without -mavx2: every function carries target("avx2,fma") and is
+ * only reached through the dispatch table after cpuid said yes.
+ *
+ * Exact-float kernels follow the scalar 16-lane order of kernels.c bit for
+ * bit: lanes 0-7 live in one ymm accumulator (columns 16j+0..7), lanes 8-15
+ * in a second one (16j+8..15); vfmadd where the scalar calls fmaf (both
+ * round once); the final hsum16(lo, hi) is the scalar lane tree. MXFP4 uses doubled e2m1 values
+ * and 2^(s-127)/2 like the scalar. Integer-dot kernels keep the float part
+ * (acc += isum * f in group order) in lanes that are ROWS, the scalar's
+ * operation sequence per row.
+ *
+ * Tiles (R rows x T tokens) decide only which (row, token) pairs share a
+ * weight decode and an activation load; every pair's operations are the
+ * ones above, so the bits do not depend on n, the row range or the threads.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels_isa.h"
+
+#define AVX2_FN __attribute__((target("avx2,fma")))
+#define AVX2_INL static inline __attribute__((target("avx2,fma"), always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+
+/* the scalar lane tree on lo + hi: ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)) */
+AVX2_INL float hsum16(__m256 lo, __m256 hi) {
+    __m256 v = _mm256_add_ps(lo, hi);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* acc + a*b rounded once: the scalar's fmaf(a, b, acc) */
+AVX2_INL __m256 mul_add(__m256 acc, __m256 a, __m256 b) { return _mm256_fmadd_ps(a, b, acc); }
+
+/* ---- weight decoders: 8 consecutive columns -> 8 floats ---- */
+
+AVX2_INL __m256 dec_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* 4 bytes = 8 int4 nibbles (even column low) -> (nib - 8) as floats, exact:
+ * the nibble is OR-ed into the mantissa of 2^23 and 2^23 + 8 subtracted. */
+AVX2_INL __m256 dec_i4(const uint8_t *p) {
+    int32_t u;
+    memcpy(&u, p, 4);
+    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(u), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    v = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(15)), _mm256_set1_epi32(0x4B000000));
+    return _mm256_sub_ps(_mm256_castsi256_ps(v), _mm256_set1_ps(8388616.0f));
+}
+
+/* 16 packed bytes = one MXFP4 group of 32 columns -> 4 x 8 floats holding
+ * 2*v(n) (exact small integers), in column order. */
+AVX2_INL void dec_mx(const uint8_t *p, __m256 w[4]) {
+    const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m128i m0f = _mm_set1_epi8(15);
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i vl = _mm_shuffle_epi8(tab, _mm_and_si128(b, m0f));
+    __m128i vh = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(b, 4), m0f));
+    __m128i c0 = _mm_unpacklo_epi8(vl, vh); /* columns 0..15 */
+    __m128i c1 = _mm_unpackhi_epi8(vl, vh); /* columns 16..31 */
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8)));
+}
+
+/* ---- tiles: R rows from row r x T tokens; out[i*T + j] ---- */
+
+/* f32 (kind 0) or int8 (kind 1) rows; int8 results are before the row scale */
+AVX2_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *out, int R,
+                         int T) {
+    const int cols = m->cols;
+    const float *wf = kind == 0 ? m->w + (size_t)r * cols : NULL;
+    const int8_t *wq = kind == 1 ? m->q8 + (size_t)r * cols : NULL;
+    __m256 a0[4][4], a1[4][4];
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
+        a0[i][j] = _mm256_setzero_ps();
+        a1[i][j] = _mm256_setzero_ps();
+    }
+    int c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m256 w[4];
+        UNROLL for (int i = 0; i < R; i++) w[i] =
+            kind == 0 ? _mm256_loadu_ps(wf + (size_t)i * cols + c) : dec_i8(wq + (size_t)i * cols + c);
+        UNROLL for (int j = 0; j < T; j++) {
+            const __m256 xv = _mm256_loadu_ps(x + (size_t)j * cols + c);
+            UNROLL for (int i = 0; i < R; i++) a0[i][j] = mul_add(a0[i][j], w[i], xv);
+        }
+        UNROLL for (int i = 0; i < R; i++) w[i] = kind == 0
+                                                      ? _mm256_loadu_ps(wf + (size_t)i * cols + c + 8)
+                                                      : dec_i8(wq + (size_t)i * cols + c + 8);
+        UNROLL for (int j = 0; j < T; j++) {
+            const __m256 xv = _mm256_loadu_ps(x + (size_t)j * cols + c + 8);
+            UNROLL for (int i = 0; i < R; i++) a1[i][j] = mul_add(a1[i][j], w[i], xv);
+        }
+    }
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
+        float s = hsum16(a0[i][j], a1[i][j]);
+        for (int cc = c; cc < cols; cc++) {
+            const float wv = kind == 0 ? wf[(size_t)i * cols + cc] : (float)wq[(size_t)i * cols + cc];
+            s = fmaf(wv, x[(size_t)j * cols + cc], s);
+        }
+        out[i * T + j] = s;
+    }
+}
+
+/* int4-g64: per group, 16-lane group sum over 4 steps (8-column blocks
+ * 0,2,4,6 -> lanes 0-7, blocks 1,3,5,7 -> lanes 8-15), then acc += gs * s. */
+AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
+    const int cols = m->cols, ng = cols / 64;
+    const uint8_t *qb = m->q4 + (size_t)r * (cols / 2);
+    const float *sb = m->scales + (size_t)r * ng;
+    __m256 a0[4][4], a1[4][4];
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
+        a0[i][j] = _mm256_setzero_ps();
+        a1[i][j] = _mm256_setzero_ps();
+    }
+    for (int g = 0; g < ng; g++) {
+        __m256 g0[4][4], g1[4][4];
+        UNROLL for (int k = 0; k < 8; k++) {
+            __m256 w[4];
+            UNROLL for (int i = 0; i < R; i++) w[i] = dec_i4(qb + (size_t)i * (cols / 2) + g * 32 + k * 4);
+            UNROLL for (int j = 0; j < T; j++) {
+                const __m256 xv = _mm256_loadu_ps(x + (size_t)j * cols + g * 64 + k * 8);
+                UNROLL for (int i = 0; i < R; i++) {
+                    if (k == 0) g0[i][j] = _mm256_mul_ps(w[i], xv);
+                    else if (k == 1) g1[i][j] = _mm256_mul_ps(w[i], xv);
+                    else if (k & 1) g1[i][j] = mul_add(g1[i][j], w[i], xv);
+                    else g0[i][j] = mul_add(g0[i][j], w[i], xv);
+                }
+            }
+        }
+        UNROLL for (int i = 0; i < R; i++) {
+            const __m256 sv = _mm256_broadcast_ss(sb + (size_t)i * ng + g);
+            UNROLL for (int j = 0; j < T; j++) {
+                a0[i][j] = mul_add(a0[i][j], g0[i][j], sv);
+                a1[i][j] = mul_add(a1[i][j], g1[i][j], sv);
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
+        hsum16(a0[i][j], a1[i][j]);
+}
+
+/* MXFP4 exact-float: group of 32 = 2 steps of 16 lanes. */
+AVX2_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int R, int T) {
+    const int cols = m->cols, ng = cols / 32;
+    const uint8_t *pb = m->packed + (size_t)r * (cols / 2);
+    const uint8_t *sb = m->scale + (size_t)r * ng;
+    __m256 a0[4][4], a1[4][4];
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
+        a0[i][j] = _mm256_setzero_ps();
+        a1[i][j] = _mm256_setzero_ps();
+    }
+    for (int g = 0; g < ng; g++) {
+        __m256 w[4][4], f[4];
+        UNROLL for (int i = 0; i < R; i++) {
+            dec_mx(pb + (size_t)i * (cols / 2) + g * 16, w[i]);
+            f[i] = _mm256_broadcast_ss(&k3_e8m0_half[sb[(size_t)i * ng + g]]);
+        }
+        UNROLL for (int j = 0; j < T; j++) {
+            const float *xg = x + (size_t)j * cols + g * 32;
+            const __m256 x0 = _mm256_loadu_ps(xg), x1 = _mm256_loadu_ps(xg + 8);
+            const __m256 x2 = _mm256_loadu_ps(xg + 16), x3 = _mm256_loadu_ps(xg + 24);
+            UNROLL for (int i = 0; i < R; i++) {
+                const __m256 s0 = mul_add(_mm256_mul_ps(w[i][0], x0), w[i][2], x2);
+                const __m256 s1 = mul_add(_mm256_mul_ps(w[i][1], x1), w[i][3], x3);
+                a0[i][j] = mul_add(a0[i][j], s0, f[i]);
+                a1[i][j] = mul_add(a1[i][j], s1, f[i]);
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
+        hsum16(a0[i][j], a1[i][j]);
+}
+
+/* One out-of-line function per (kind, R, T), compiled with R and T constant
+ * so the accumulators stay in registers. */
+typedef void (*tile_fn)(const void *mat, int r, const float *x, float *out);
+
+#define TILE_FNS(NAME, CALL)                                                                       \
+    TILE_FN(NAME, CALL, 1, 1)                                                                      \
+    TILE_FN(NAME, CALL, 1, 2)                                                                      \
+    TILE_FN(NAME, CALL, 1, 3)                                                                      \
+    TILE_FN(NAME, CALL, 1, 4)                                                                      \
+    TILE_FN(NAME, CALL, 2, 1)                                                                      \
+    TILE_FN(NAME, CALL, 2, 2)                                                                      \
+    TILE_FN(NAME, CALL, 2, 3)                                                                      \
+    TILE_FN(NAME, CALL, 3, 1)                                                                      \
+    TILE_FN(NAME, CALL, 3, 2)                                                                      \
+    TILE_FN(NAME, CALL, 4, 1)                                                                      \
+    static const tile_fn NAME##_fns[4][4] = {                                                      \
+        {NAME##_1_1, NAME##_1_2, NAME##_1_3, NAME##_1_4},                                          \
+        {NAME##_2_1, NAME##_2_2, NAME##_2_3, NULL},                                                \
+        {NAME##_3_1, NAME##_3_2, NULL, NULL},                                                      \
+        {NAME##_4_1, NULL, NULL, NULL},                                                            \
+    };
+#define TILE_FN(NAME, CALL, R, T)                                                                  \
+    static AVX2_FN void NAME##_##R##_##T(const void *mat, int r, const float *x, float *out) {    \
+        CALL(R, T);                                                                                \
+    }
+#define CALL_F32(R, T) dense_tile(0, mat, r, x, out, R, T)
+#define CALL_I8(R, T) dense_tile(1, mat, r, x, out, R, T)
+#define CALL_I4(R, T) i4_tile(mat, r, x, out, R, T)
+#define CALL_MX(R, T) mx_tile(mat, r, x, out, R, T)
+TILE_FNS(tf32, CALL_F32)
+TILE_FNS(ti8, CALL_I8)
+TILE_FNS(ti4, CALL_I4)
+TILE_FNS(tmx, CALL_MX)
+#undef TILE_FN
+
+/* Walks rows [r0, r1) in blocks of rb and tokens in tiles of tb. A shape
+ * without a compiled tile runs as single rows (same bits). row_scale: the
+ * int8 per-row scale applied last, or NULL. */
+static void tiles_run(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows, int cols,
+                      const float *x, int n, float *y, int r0, int r1, const float *row_scale) {
+    float out[16];
+    for (int r = r0; r < r1; r += rb) {
+        const int R = r1 - r < rb ? r1 - r : rb;
+        for (int t = 0; t < n; t += tb) {
+            const int T = n - t < tb ? n - t : tb;
+            const float *xt = x + (size_t)t * cols;
+            if (fns[R - 1][T - 1]) fns[R - 1][T - 1](mat, r, xt, out);
+            else
+                for (int i = 0; i < R; i++) fns[0][T - 1](mat, r + i, xt, out + i * T);
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < T; j++) {
+                    const float v = out[i * T + j];
+                    y[(size_t)(t + j) * rows + r + i] = row_scale ? v * row_scale[r + i] : v;
+                }
+        }
+    }
+}
+
+static void avx2_f32_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    tiles_run(tf32_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1, NULL);
+}
+
+static void avx2_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    tiles_run(ti8_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1,
+              m->scales);
+}
+
+static void avx2_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    tiles_run(ti4_fns, n == 1 ? 3 : 1, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1, NULL);
+}
+
+static void avx2_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
+    tiles_run(tmx_fns, n == 1 ? 2 : 1, n == 1 ? 1 : 4, w, w->rows, w->cols, x, n, y, r0, r1, NULL);
+}
+
+/* ---- MXFP4 integer-dot ----
+ *
+ * Weights decode to u = 2v + 12 in [0, 24] (unsigned, for vpmaddubsw), low
+ * nibbles (even columns) in the low 128-bit lane and high nibbles (odd
+ * columns) in the high lane; the activation group is permuted to match. The
+ * +12 offset is taken back exactly: isum = sum(u*q) - 12*sum(q). Products
+ * pair up to 2*24*127 = 6096 in int16: no saturation. */
+
+#define MXI8_TC 32  /* tokens per pass (the correction table) */
+#define MXI8_GC 256 /* groups per pass (the scale table) */
+
+AVX2_INL __m256i mxi8_dec(const uint8_t *p) {
+    const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+    b = _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_shuffle_epi8(tab, _mm256_and_si256(b, _mm256_set1_epi8(15)));
+}
+
+/* 32 activations of one group -> [even columns | odd columns]. */
+AVX2_INL __m256i mxi8_qperm(const int8_t *q) {
+    const __m256i idx = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
+                                         4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)q), idx);
+    return _mm256_permute4x64_epi64(v, 0xD8);
+}
+
+/* Eight int32x8 partial sums (one per row) -> one vector of the 8 row sums. */
+AVX2_INL __m256i hsum8x8(const __m256i p[8]) {
+    __m256i a = _mm256_hadd_epi32(p[0], p[1]), b = _mm256_hadd_epi32(p[2], p[3]);
+    __m256i c = _mm256_hadd_epi32(p[4], p[5]), d = _mm256_hadd_epi32(p[6], p[7]);
+    __m256i e = _mm256_hadd_epi32(a, b), f = _mm256_hadd_epi32(c, d);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20),
+                            _mm256_permute2x128_si256(e, f, 0x31));
+}
+
+/* 8 rows x T tokens over groups [g0, g0+gn). acc starts from y when g0 > 0
+ * (the float partial sum stored there is exact), so splitting the groups into
+ * passes keeps the group-order accumulation of the scalar kernel. */
+AVX2_INL void mxi8_tile(const uint8_t *pb, size_t ldp, const float *eh, const int32_t *corr,
+                        int ldc, const int8_t *xq, const float *xs, int cols, int g0, int gn,
+                        float *y, size_t ldy, int T) {
+    const int ng = cols / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[4];
+    UNROLL for (int j = 0; j < T; j++) acc[j] =
+        g0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);
+    for (int g = 0; g < gn; g++) {
+        __m256i u[8];
+        UNROLL for (int i = 0; i < 8; i++) u[i] = mxi8_dec(pb + i * ldp + (size_t)(g0 + g) * 16);
+        const __m256 e = _mm256_load_ps(eh + g * 8);
+        UNROLL for (int j = 0; j < T; j++) {
+            const __m256i qp = mxi8_qperm(xq + (size_t)j * cols + (size_t)(g0 + g) * 32);
+            __m256i p[8];
+            UNROLL for (int i = 0; i < 8; i++) p[i] =
+                _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], qp), ones);
+            __m256i isum = _mm256_sub_epi32(hsum8x8(p), _mm256_set1_epi32(corr[j * ldc + g]));
+            const __m256 f = _mm256_mul_ps(e, _mm256_broadcast_ss(xs + (size_t)j * ng + g0 + g));
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), f));
+        }
+    }
+    UNROLL for (int j = 0; j < T; j++) _mm256_storeu_ps(y + j * ldy, acc[j]);
+}
+
+#define MXI8_TILE_FN(T)                                                                            \
+    static AVX2_FN void mxi8_##T(const uint8_t *pb, size_t ldp, const float *eh,                  \
+                                 const int32_t *corr, int ldc, const int8_t *xq, const float *xs, \
+                                 int cols, int g0, int gn, float *y, size_t ldy) {                 \
+        mxi8_tile(pb, ldp, eh, corr, ldc, xq, xs, cols, g0, gn, y, ldy, T);                        \
+    }
+MXI8_TILE_FN(1)
+MXI8_TILE_FN(2)
+MXI8_TILE_FN(3)
+MXI8_TILE_FN(4)
+
+typedef void (*mxi8_fn)(const uint8_t *, size_t, const float *, const int32_t *, int,
+                        const int8_t *, const float *, int, int, int, float *, size_t);
+static const mxi8_fn mxi8_fns[4] = {mxi8_1, mxi8_2, mxi8_3, mxi8_4};
+
+/* 12 * sum(q) over each group of 32 (exact). */
+static AVX2_FN int32_t mxi8_corr(const int8_t *q) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)q);
+    v = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(12), v), _mm256_set1_epi16(1));
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+static void avx2_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                       int r0, int r1) {
+    const int cols = w->cols, ng = cols / 32;
+    const size_t ldp = (size_t)cols / 2;
+    const int r8 = r0 + (r1 - r0) / 8 * 8; /* rows [r8, r1) go to the scalar row */
+    _Alignas(32) float eh[MXI8_GC * 8];    /* [group][8 rows] factors 2^(s-127)/2 */
+    int32_t corr[MXI8_TC * MXI8_GC];       /* [token][group] 12*sum(q) */
+    for (int t0 = 0; t0 < n; t0 += MXI8_TC) {
+        const int tn = n - t0 < MXI8_TC ? n - t0 : MXI8_TC;
+        for (int g0 = 0; g0 < ng; g0 += MXI8_GC) {
+            const int gn = ng - g0 < MXI8_GC ? ng - g0 : MXI8_GC;
+            for (int j = 0; j < tn; j++)
+                for (int g = 0; g < gn; g++)
+                    corr[j * MXI8_GC + g] =
+                        mxi8_corr(xq + (size_t)(t0 + j) * cols + (size_t)(g0 + g) * 32);
+            for (int r = r0; r < r8; r += 8) {
+                for (int i = 0; i < 8; i++) {
+                    const uint8_t *s = w->scale + (size_t)(r + i) * ng + g0;
+                    for (int g = 0; g < gn; g++) eh[g * 8 + i] = k3_e8m0_half[s[g]];
+                }
+                for (int j = 0; j < tn; j += 4) {
+                    const int T = tn - j < 4 ? tn - j : 4;
+                    mxi8_fns[T - 1](w->packed + (size_t)r * ldp, ldp, eh, corr + j * MXI8_GC,
+                                    MXI8_GC, xq + (size_t)(t0 + j) * cols,
+                                    xs + (size_t)(t0 + j) * ng, cols, g0, gn,
+                                    y + (size_t)(t0 + j) * w->rows + r, (size_t)w->rows);
+                }
+            }
+        }
+    }
+    for (int r = r8; r < r1; r++)
+        for (int t = 0; t < n; t++)
+            y[(size_t)t * w->rows + r] =
+                k3_mx_i8_row_scalar(w->packed + (size_t)r * ldp, w->scale + (size_t)r * ng, cols,
+                                    xq + (size_t)t * cols, xs + (size_t)t * ng);
+}
+
+/* ---- activation quantization (bit-exact with the scalar one) ---- */
+
+static AVX2_FN void avx2_act_q8(const float *x, int n, int cols, int8_t *q, float *s) {
+    const int ng = cols / 32;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int t = 0; t < n; t++) {
+        for (int g = 0; g < ng; g++) {
+            const float *xg = x + (size_t)t * cols + g * 32;
+            __m256 v[4];
+            __m256 m = _mm256_setzero_ps();
+            for (int k = 0; k < 4; k++) {
+                v[k] = _mm256_loadu_ps(xg + 8 * k);
+                /* new value first: maxps returns the second operand on NaN,
+                 * so a NaN input is skipped exactly as in the scalar loop */
+                m = _mm256_max_ps(_mm256_and_ps(v[k], absmask), m);
+            }
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            float sg = _mm_cvtss_f32(h) / 127.0f;
+            sg = sg > 1e-20f ? sg : 1e-20f;
+            const __m256 inv = _mm256_set1_ps(1.0f / sg);
+            __m256i iv[4];
+            for (int k = 0; k < 4; k++) {
+                __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], inv),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                r = _mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.0f)), _mm256_set1_ps(-127.0f));
+                iv[k] = _mm256_cvtps_epi32(r);
+            }
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]),
+                                           _mm256_packs_epi32(iv[2], iv[3]));
+            _mm256_storeu_si256((__m256i *)(q + (size_t)t * cols + g * 32),
+                                _mm256_permutevar8x32_epi32(p, perm));
+            s[(size_t)t * ng + g] = sg;
+        }
+    }
+}
+
+const k3_kern_ops k3_kern_avx2 = {
+    .isa = K3_ISA_AVX2,
+    .f32_rows = avx2_f32_rows,
+    .i8_rows = avx2_i8_rows,
+    .i4_rows = avx2_i4_rows,
+    .mx_f32 = avx2_mx_f32,
+    .mx_i8 = avx2_mx_i8,
+    .act_q8 = avx2_act_q8,
+};

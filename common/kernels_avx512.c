@@ -1,0 +1,431 @@
+/* common/kernels_avx512.c: AVX-512 backend (F, BW, VL, DQ, VNNI; see
+ * kernels_isa.h). Compiled without -mavx512*: every function carries the
+ * target attribute and is reached only through the dispatch table after
+ * cpuid said yes.
+ *
+ * Exact-float kernels: one zmm accumulator per (row, token) is exactly the
+ * 16 lanes of the scalar order (kernels.c); vfmadd where the scalar calls
+ * fmaf (both round once); the final reduction adds the two 256-bit halves
+ * and runs the scalar lane tree. Weights are decoded to floats by 16-entry vpermps table lookups.
+ *
+ * MXFP4 integer-dot: 16 rows at a time with ROWS in the 32-bit lanes, so the
+ * group's integer sum lands in a row lane directly (no horizontal sums) and
+ * the float part is the scalar's operation sequence per row. Per group, the
+ * 16 rows' 32 doubled values d = 2v (s8) are transposed into 8 vectors of
+ * 4 columns x 16 rows; the activations enter as q + 128 (u8, broadcast per
+ * 4 columns) through vpdpbusd, and 128 * sum(d) is taken back (exact).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels_isa.h"
+
+#define Z_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
+#define Z_FN __attribute__((target(Z_TARGET)))
+#define Z_INL static inline __attribute__((target(Z_TARGET), always_inline))
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* the scalar lane tree: t = lo8 + hi8, ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)) */
+Z_INL float hsum16(__m512 a) {
+    __m256 v = _mm256_add_ps(_mm512_castps512_ps256(a),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* acc + a*b rounded once: the scalar's fmaf(a, b, acc) */
+Z_INL __m512 mul_add(__m512 acc, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, acc); }
+
+/* ---- weight decoders: 16 consecutive columns -> 16 floats ---- */
+
+Z_INL __m512 dec_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
+/* 8 bytes = 16 int4 nibbles (even column low) -> nib - 8 as floats: dword 0
+ * spread over lanes 0-7, dword 1 over 8-15, shifted per lane, then a
+ * 16-entry table lookup (vpermps reads the low 4 bits). */
+Z_INL __m512 dec_i4(const uint8_t *p) {
+    const __m512 tab = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    __m512i v = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)p));
+    v = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread, v), shifts);
+    return _mm512_permutexvar_ps(v, tab);
+}
+
+/* 16 packed bytes = one MXFP4 group -> 2 x 16 floats of 2v(n), columns
+ * 0..15 and 16..31: bytes to dword lanes, low/high nibble table lookups
+ * (even / odd columns), then an interleave back to column order. */
+Z_INL void dec_mx(const uint8_t *p, __m512 *w0, __m512 *w1) {
+    const __m512 tab = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi_idx =
+        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __m512 ev = _mm512_permutexvar_ps(b, tab);                         /* columns 0,2,..,30 */
+    __m512 od = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), tab);   /* columns 1,3,..,31 */
+    *w0 = _mm512_permutex2var_ps(ev, lo_idx, od);
+    *w1 = _mm512_permutex2var_ps(ev, hi_idx, od);
+}
+
+/* ---- tiles: R rows from row r x T tokens; out[i*T + j] ---- */
+
+/* f32 (kind 0) or int8 (kind 1) rows; int8 results are before the row scale */
+Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
+    const int cols = m->cols;
+    const float *wf = kind == 0 ? m->w + (size_t)r * cols : NULL;
+    const int8_t *wq = kind == 1 ? m->q8 + (size_t)r * cols : NULL;
+    __m512 acc[4][4];
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m512 w[4];
+        UNROLL for (int i = 0; i < R; i++) w[i] =
+            kind == 0 ? _mm512_loadu_ps(wf + (size_t)i * cols + c) : dec_i8(wq + (size_t)i * cols + c);
+        UNROLL for (int j = 0; j < T; j++) {
+            const __m512 xv = _mm512_loadu_ps(x + (size_t)j * cols + c);
+            UNROLL for (int i = 0; i < R; i++) acc[i][j] = mul_add(acc[i][j], w[i], xv);
+        }
+    }
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
+        float s = hsum16(acc[i][j]);
+        for (int cc = c; cc < cols; cc++) {
+            const float wv = kind == 0 ? wf[(size_t)i * cols + cc] : (float)wq[(size_t)i * cols + cc];
+            s = fmaf(wv, x[(size_t)j * cols + cc], s);
+        }
+        out[i * T + j] = s;
+    }
+}
+
+/* int4-g64: per group a 16-lane sum over 4 steps (first a multiply), then
+ * acc += gs * s. */
+Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
+    const int cols = m->cols, ng = cols / 64;
+    const uint8_t *qb = m->q4 + (size_t)r * (cols / 2);
+    const float *sb = m->scales + (size_t)r * ng;
+    __m512 acc[4][4];
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m512 gs[4][4];
+        UNROLL for (int k = 0; k < 4; k++) {
+            __m512 w[4];
+            UNROLL for (int i = 0; i < R; i++) w[i] = dec_i4(qb + (size_t)i * (cols / 2) + g * 32 + k * 8);
+            UNROLL for (int j = 0; j < T; j++) {
+                const __m512 xv = _mm512_loadu_ps(x + (size_t)j * cols + g * 64 + k * 16);
+                UNROLL for (int i = 0; i < R; i++) gs[i][j] =
+                    k == 0 ? _mm512_mul_ps(w[i], xv) : mul_add(gs[i][j], w[i], xv);
+            }
+        }
+        UNROLL for (int i = 0; i < R; i++) {
+            const __m512 sv = _mm512_set1_ps(sb[(size_t)i * ng + g]);
+            UNROLL for (int j = 0; j < T; j++) acc[i][j] = mul_add(acc[i][j], gs[i][j], sv);
+        }
+    }
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
+        hsum16(acc[i][j]);
+}
+
+/* MXFP4 exact-float: group of 32 = 2 steps of 16 lanes, then acc += gs * f. */
+Z_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int R, int T) {
+    const int cols = m->cols, ng = cols / 32;
+    const uint8_t *pb = m->packed + (size_t)r * (cols / 2);
+    const uint8_t *sb = m->scale + (size_t)r * ng;
+    __m512 acc[4][4];
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        __m512 w0[4], w1[4], f[4];
+        UNROLL for (int i = 0; i < R; i++) {
+            dec_mx(pb + (size_t)i * (cols / 2) + g * 16, &w0[i], &w1[i]);
+            f[i] = _mm512_set1_ps(k3_e8m0_half[sb[(size_t)i * ng + g]]);
+        }
+        UNROLL for (int j = 0; j < T; j++) {
+            const __m512 x0 = _mm512_loadu_ps(x + (size_t)j * cols + g * 32);
+            const __m512 x1 = _mm512_loadu_ps(x + (size_t)j * cols + g * 32 + 16);
+            UNROLL for (int i = 0; i < R; i++) {
+                const __m512 gs = mul_add(_mm512_mul_ps(w0[i], x0), w1[i], x1);
+                acc[i][j] = mul_add(acc[i][j], gs, f[i]);
+            }
+        }
+    }
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
+        hsum16(acc[i][j]);
+}
+
+typedef void (*tile_fn)(const void *mat, int r, const float *x, float *out);
+
+#define TILE_FNS(NAME, CALL)                                                                       \
+    TILE_FN(NAME, CALL, 1, 1)                                                                      \
+    TILE_FN(NAME, CALL, 1, 2)                                                                      \
+    TILE_FN(NAME, CALL, 1, 3)                                                                      \
+    TILE_FN(NAME, CALL, 1, 4)                                                                      \
+    TILE_FN(NAME, CALL, 2, 1)                                                                      \
+    TILE_FN(NAME, CALL, 2, 2)                                                                      \
+    TILE_FN(NAME, CALL, 2, 3)                                                                      \
+    TILE_FN(NAME, CALL, 2, 4)                                                                      \
+    TILE_FN(NAME, CALL, 3, 1)                                                                      \
+    TILE_FN(NAME, CALL, 3, 2)                                                                      \
+    TILE_FN(NAME, CALL, 3, 3)                                                                      \
+    TILE_FN(NAME, CALL, 3, 4)                                                                      \
+    TILE_FN(NAME, CALL, 4, 1)                                                                      \
+    TILE_FN(NAME, CALL, 4, 2)                                                                      \
+    TILE_FN(NAME, CALL, 4, 3)                                                                      \
+    TILE_FN(NAME, CALL, 4, 4)                                                                      \
+    static const tile_fn NAME##_fns[4][4] = {                                                      \
+        {NAME##_1_1, NAME##_1_2, NAME##_1_3, NAME##_1_4},                                          \
+        {NAME##_2_1, NAME##_2_2, NAME##_2_3, NAME##_2_4},                                          \
+        {NAME##_3_1, NAME##_3_2, NAME##_3_3, NAME##_3_4},                                          \
+        {NAME##_4_1, NAME##_4_2, NAME##_4_3, NAME##_4_4},                                          \
+    };
+#define TILE_FN(NAME, CALL, R, T)                                                                  \
+    static Z_FN void NAME##_##R##_##T(const void *mat, int r, const float *x, float *out) {       \
+        CALL(R, T);                                                                                \
+    }
+#define CALL_F32(R, T) dense_tile(0, mat, r, x, out, R, T)
+#define CALL_I8(R, T) dense_tile(1, mat, r, x, out, R, T)
+#define CALL_I4(R, T) i4_tile(mat, r, x, out, R, T)
+#define CALL_MX(R, T) mx_tile(mat, r, x, out, R, T)
+TILE_FNS(zf32, CALL_F32)
+TILE_FNS(zq8, CALL_I8)
+TILE_FNS(zi4, CALL_I4)
+TILE_FNS(zmx, CALL_MX)
+#undef TILE_FN
+
+/* Rows [r0, r1) in blocks of rb, tokens in tiles of tb (every shape up to
+ * 4 x 4 is compiled). row_scale: the int8 per-row scale applied last. */
+static void tiles_run(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows, int cols,
+                      const float *x, int n, float *y, int r0, int r1, const float *row_scale) {
+    float out[16];
+    for (int r = r0; r < r1; r += rb) {
+        const int R = r1 - r < rb ? r1 - r : rb;
+        for (int t = 0; t < n; t += tb) {
+            const int T = n - t < tb ? n - t : tb;
+            fns[R - 1][T - 1](mat, r, x + (size_t)t * cols, out);
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < T; j++) {
+                    const float v = out[i * T + j];
+                    y[(size_t)(t + j) * rows + r + i] = row_scale ? v * row_scale[r + i] : v;
+                }
+        }
+    }
+}
+
+static void z_f32_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    tiles_run(zf32_fns, 4, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, NULL);
+}
+
+static void z_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    tiles_run(zq8_fns, 4, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, m->scales);
+}
+
+static void z_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    tiles_run(zi4_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, NULL);
+}
+
+static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
+    tiles_run(zmx_fns, n == 1 ? 4 : 3, n == 1 ? 1 : 4, w, w->rows, w->cols, x, n, y, r0, r1, NULL);
+}
+
+/* ---- MXFP4 integer-dot, 16 rows per block ---- */
+
+#define ZI8_T 8 /* tokens per tile (accumulators in registers) */
+
+/* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
+ * 16 floats per group. Full chunks of 16 groups go through a 16x16 byte
+ * transpose; the bits are those of k3_e8m0_half (s << 23, times 0.5). */
+Z_INL void zi8_scales(const uint8_t *scale, size_t ld, int g0, int gn, float *eh) {
+    int g = 0;
+    for (; g + 16 <= gn; g += 16) {
+        __m128i a[16], b[16];
+        for (int i = 0; i < 16; i++) a[i] = _mm_loadu_si128((const __m128i *)(scale + i * ld + g0 + g));
+        for (int i = 0; i < 8; i++) { /* bytes: row pairs */
+            b[2 * i] = _mm_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
+            b[2 * i + 1] = _mm_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
+        }
+        for (int q = 0; q < 4; q++) /* words: row quads; a[4q + m] holds groups 4m..4m+3 */
+            for (int h = 0; h < 2; h++) {
+                a[4 * q + 2 * h] = _mm_unpacklo_epi16(b[4 * q + h], b[4 * q + 2 + h]);
+                a[4 * q + 2 * h + 1] = _mm_unpackhi_epi16(b[4 * q + h], b[4 * q + 2 + h]);
+            }
+        for (int o = 0; o < 2; o++) /* dwords: row octets; b[8o + 2m + k] groups 4m+2k, +1 */
+            for (int m = 0; m < 4; m++) {
+                b[8 * o + 2 * m] = _mm_unpacklo_epi32(a[8 * o + m], a[8 * o + 4 + m]);
+                b[8 * o + 2 * m + 1] = _mm_unpackhi_epi32(a[8 * o + m], a[8 * o + 4 + m]);
+            }
+        for (int j = 0; j < 8; j++) { /* qwords: rows 0-7 | 8-15 of groups 2j, 2j+1 */
+            const __m128i lo = _mm_unpacklo_epi64(b[j], b[8 + j]);
+            const __m128i hi = _mm_unpackhi_epi64(b[j], b[8 + j]);
+            const __m512 half = _mm512_set1_ps(0.5f);
+            _mm512_store_ps(eh + (g + 2 * j) * 16,
+                            _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(lo), 23)), half));
+            _mm512_store_ps(eh + (g + 2 * j + 1) * 16,
+                            _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(hi), 23)), half));
+        }
+    }
+    for (; g < gn; g++)
+        for (int i = 0; i < 16; i++) eh[g * 16 + i] = k3_e8m0_half[scale[i * ld + g0 + g]];
+}
+
+/* One group of 16 rows: d = 2v (s8), per row [even columns | odd columns],
+ * transposed to D[k] = dword k (4 columns) of rows 0..15. Returns
+ * 128 * sum(d) per row (the u8 offset of the activations, taken back). */
+Z_INL __m512i zi8_decode(const uint8_t *p, size_t ldp, __m512i D[8]) {
+    const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1,
+                                         2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    __m256i d[16];
+    UNROLL for (int i = 0; i < 16; i++) {
+        __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + i * ldp)));
+        b = _mm256_and_si256(_mm256_srlv_epi32(b, sh), _mm256_set1_epi8(15));
+        d[i] = _mm256_shuffle_epi8(tab, b);
+    }
+    /* Z[i] = [row i | row i+4], Z[4+i] = [row 8+i | row 12+i]: the 8x8 dword
+     * transposes of both halves then give rows 0-3, 4-7, 8-11, 12-15 in the
+     * four 128-bit lanes of D[k]. */
+    __m512i z[8], t[8], u[8];
+    UNROLL for (int i = 0; i < 4; i++) {
+        z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(d[i]), d[i + 4], 1);
+        z[4 + i] = _mm512_inserti64x4(_mm512_castsi256_si512(d[8 + i]), d[12 + i], 1);
+    }
+    UNROLL for (int m = 0; m < 4; m++) {
+        t[2 * m] = _mm512_unpacklo_epi32(z[2 * m], z[2 * m + 1]);
+        t[2 * m + 1] = _mm512_unpackhi_epi32(z[2 * m], z[2 * m + 1]);
+    }
+    UNROLL for (int h = 0; h < 2; h++) {
+        u[4 * h + 0] = _mm512_unpacklo_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 1] = _mm512_unpackhi_epi64(t[4 * h], t[4 * h + 2]);
+        u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    __m512i sum = _mm512_setzero_si512();
+    const __m512i ones = _mm512_set1_epi8(1);
+    UNROLL for (int e = 0; e < 4; e++) {
+        D[e] = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x88);
+        D[4 + e] = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xDD);
+        sum = _mm512_dpbusd_epi32(sum, ones, D[e]);
+        sum = _mm512_dpbusd_epi32(sum, ones, D[4 + e]);
+    }
+    return _mm512_slli_epi32(sum, 7);
+}
+
+/* 16 rows x T tokens, all groups; qp: permuted activations + 128 (u8). */
+Z_INL void zi8_tile(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs, float *eh,
+                    float *y, int T) {
+    const int cols = w->cols, ng = cols / 32;
+    const size_t ldp = (size_t)cols / 2;
+    __m512 acc[ZI8_T];
+    UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_setzero_ps();
+    for (int g = 0; g < ng; g++) {
+        if ((g & 63) == 0) zi8_scales(w->scale + (size_t)r * ng, (size_t)ng, g, ng - g < 64 ? ng - g : 64, eh);
+        __m512i D[8];
+        const __m512i corr = zi8_decode(w->packed + (size_t)r * ldp + (size_t)g * 16, ldp, D);
+        const __m512 e = _mm512_load_ps(eh + (g & 63) * 16);
+        UNROLL for (int j = 0; j < T; j++) {
+            const uint8_t *q = qp + (size_t)j * cols + (size_t)g * 32;
+            int32_t q4[8];
+            memcpy(q4, q, 32);
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            UNROLL for (int k = 0; k < 4; k++) {
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(q4[k]), D[k]);
+                s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(q4[4 + k]), D[4 + k]);
+            }
+            const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), corr);
+            const __m512 f = _mm512_mul_ps(e, _mm512_set1_ps(xs[(size_t)j * ng + g]));
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), f));
+        }
+    }
+    UNROLL for (int j = 0; j < T; j++) _mm512_storeu_ps(y + (size_t)j * w->rows, acc[j]);
+}
+
+#define ZI8_TILE_FN(T)                                                                             \
+    static Z_FN void zi8_##T(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs,        \
+                             float *eh, float *y) {                                                \
+        zi8_tile(w, r, qp, xs, eh, y, T);                                                          \
+    }
+ZI8_TILE_FN(1)
+ZI8_TILE_FN(2)
+ZI8_TILE_FN(3)
+ZI8_TILE_FN(4)
+ZI8_TILE_FN(5)
+ZI8_TILE_FN(6)
+ZI8_TILE_FN(7)
+ZI8_TILE_FN(8)
+typedef void (*zi8_fn)(const k3_mxfp4 *, int, const uint8_t *, const float *, float *, float *);
+static const zi8_fn zi8_fns[ZI8_T] = {zi8_1, zi8_2, zi8_3, zi8_4, zi8_5, zi8_6, zi8_7, zi8_8};
+
+/* q [n][cols] -> qp: per group [even columns | odd columns], + 128 as u8 */
+static Z_FN void zi8_prep(const int8_t *q, int n, int cols, uint8_t *qp) {
+    const __m256i idx = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4,
+                                         6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i bias = _mm256_set1_epi8((char)0x80);
+    for (size_t i = 0; i < (size_t)n * cols; i += 32) {
+        __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(q + i)), idx);
+        v = _mm256_xor_si256(_mm256_permute4x64_epi64(v, 0xD8), bias);
+        _mm256_store_si256((__m256i *)(qp + i), v);
+    }
+}
+
+static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y, int r0,
+                    int r1) {
+    const int cols = w->cols, ng = cols / 32;
+    const size_t ldp = (size_t)cols / 2;
+    const int r16 = r0 + (r1 - r0) / 16 * 16; /* rows [r16, r1) go to the scalar row */
+    if (r16 > r0) {
+        uint8_t *qp = k3_kern_scratch((size_t)n * cols);
+        _Alignas(64) float eh[64 * 16];
+        zi8_prep(xq, n, cols, qp);
+        for (int r = r0; r < r16; r += 16)
+            for (int t = 0; t < n; t += ZI8_T) {
+                const int T = n - t < ZI8_T ? n - t : ZI8_T;
+                zi8_fns[T - 1](w, r, qp + (size_t)t * cols, xs + (size_t)t * ng, eh,
+                               y + (size_t)t * w->rows + r);
+            }
+    }
+    for (int r = r16; r < r1; r++)
+        for (int t = 0; t < n; t++)
+            y[(size_t)t * w->rows + r] =
+                k3_mx_i8_row_scalar(w->packed + (size_t)r * ldp, w->scale + (size_t)r * ng, cols,
+                                    xq + (size_t)t * cols, xs + (size_t)t * ng);
+}
+
+/* ---- activation quantization (bit-exact with the scalar one) ---- */
+
+static Z_FN void z_act_q8(const float *x, int n, int cols, int8_t *q, float *s) {
+    const int ng = cols / 32;
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int t = 0; t < n; t++) {
+        for (int g = 0; g < ng; g++) {
+            const float *xg = x + (size_t)t * cols + g * 32;
+            const __m512 v0 = _mm512_loadu_ps(xg), v1 = _mm512_loadu_ps(xg + 16);
+            /* new value first: maxps returns the second operand on NaN, so a
+             * NaN input is skipped exactly as in the scalar loop */
+            __m512 m = _mm512_max_ps(_mm512_and_ps(v0, absmask), _mm512_setzero_ps());
+            m = _mm512_max_ps(_mm512_and_ps(v1, absmask), m);
+            float sg = _mm512_reduce_max_ps(m) / 127.0f;
+            sg = sg > 1e-20f ? sg : 1e-20f;
+            const __m512 inv = _mm512_set1_ps(1.0f / sg);
+            const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+            __m512 a = _mm512_roundscale_ps(_mm512_mul_ps(v0, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512 b = _mm512_roundscale_ps(_mm512_mul_ps(v1, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            a = _mm512_max_ps(_mm512_min_ps(a, hi), lo);
+            b = _mm512_max_ps(_mm512_min_ps(b, hi), lo);
+            int8_t *qg = q + (size_t)t * cols + g * 32;
+            _mm_storeu_si128((__m128i *)qg, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(a)));
+            _mm_storeu_si128((__m128i *)(qg + 16), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(b)));
+            s[(size_t)t * ng + g] = sg;
+        }
+    }
+}
+
+const k3_kern_ops k3_kern_avx512 = {
+    .isa = K3_ISA_AVX512,
+    .f32_rows = z_f32_rows,
+    .i8_rows = z_i8_rows,
+    .i4_rows = z_i4_rows,
+    .mx_f32 = z_mx_f32,
+    .mx_i8 = z_mx_i8,
+    .act_q8 = z_act_q8,
+};

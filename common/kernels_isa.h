@@ -1,0 +1,48 @@
+/* common/kernels_isa.h: the private seam between the kernel dispatcher
+ * (kernels.c) and its per-ISA backends (kernels.c scalar, kernels_avx2.c,
+ * kernels_avx512.c). Not for use outside common/kernels*.c.
+ *
+ * Each backend fills one k3_kern_ops table of row-range kernels with the
+ * argument conventions of kernels.h (y [n][rows], rows [r0, r1)). A backend
+ * guarantees that the bits of every (row, token) result depend only on the
+ * inputs of that row and token, never on n, r0/r1 or the tiling it picked.
+ * Integer-dot kernels (mx_i8, act_q8) must match the scalar backend bit for
+ * bit. Tables here are filled once by the dispatcher before any kernel runs;
+ * backends only read them. All functions are reentrant.
+ */
+#ifndef K3_KERNELS_ISA_H
+#define K3_KERNELS_ISA_H
+
+#include "kernels.h"
+
+typedef struct k3_kern_ops {
+    k3_isa isa;
+    void (*f32_rows)(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1);
+    void (*i8_rows)(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1);
+    void (*i4_rows)(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1);
+    void (*mx_f32)(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1);
+    void (*mx_i8)(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y, int r0,
+                  int r1);
+    void (*act_q8)(const float *x, int n, int cols, int8_t *q, float *s);
+} k3_kern_ops;
+
+extern const k3_kern_ops k3_kern_scalar;
+extern const k3_kern_ops k3_kern_avx2;
+extern const k3_kern_ops k3_kern_avx512;
+
+/* 2^(s-127) * 0.5 for every ue8m0 byte (s=0 -> +0, 255 -> +inf): the group
+ * factor of the doubled-value MXFP4 kernels. Filled by the dispatcher. */
+extern float k3_e8m0_half[256];
+/* 2*v(n) for every e2m1 nibble: exact integers {0,1,2,3,4,6,8,12} and negatives. */
+extern const int8_t k3_e2m1_x2[16];
+
+/* Scalar per-row helpers the vector backends reuse for tail rows so that a
+ * row computed by the tail has exactly the scalar bits (integer-dot only). */
+float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols,
+                          const int8_t *xq, const float *xs);
+
+/* A per-thread buffer of at least `bytes`, 64-byte aligned, valid until the
+ * next call on the same thread. Aborts on OOM (sizes are the kernels' own). */
+void *k3_kern_scratch(size_t bytes);
+
+#endif

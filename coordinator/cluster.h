@@ -1,0 +1,164 @@
+/* coordinator/cluster.h: the layer stack run by k3-worker processes, behind
+ * the trunk interface of coordinator/generate.h (ARCHITECTURE.md "One
+ * forward step", "Pipelining", "Sessions and recovery").
+ *
+ * Owns: one DEALER socket per worker (plus its socket monitor), the link
+ * state of each worker (registration by HELLO with a fresh epoch, liveness by
+ * ZMTP heartbeats, application HEARTBEAT and a per-step deadline, automatic
+ * re-registration), the stage order (workers sorted by layer range, covering
+ * [0, n_layers) exactly once), the steps in flight and their buffers, each
+ * session's position and the epochs its worker states live in, per-stage
+ * statistics, and (with --local N) the worker processes it started.
+ * Borrows: the coordinator's model options and config (numeric settings and
+ * fingerprint to compare in HELLO); the caller's step buffers during a call.
+ * Threads: one I/O thread owns every socket. k3_cluster_* and the trunk's
+ * operations may be called from any thread; calls on different sessions run
+ * concurrently and their steps interleave on the workers; one session is
+ * used by one thread at a time (generate.h's rule).
+ *
+ * Failure semantics: a worker that dies, stalls or breaks its link fails
+ * every step that still needs it within 2 x TTL (TTL = 3 x heartbeat) for a
+ * dead process and within the step deadline for a stuck one, with an error
+ * naming the worker, its layers and endpoint; nothing hangs. The link
+ * re-registers by itself when the worker comes back (new epoch: the worker
+ * drops its states and nothing of its old life is delivered); sessions whose
+ * states were lost fail their next step with K3_ERR_STATE until they are
+ * reset, and k3_cluster_generate resumes a generation by resetting the
+ * session and replaying its committed ids, which is exact because every
+ * step is deterministic.
+ *
+ * Not handled: several coordinators sharing one worker (the newest HELLO
+ * wins), checkpoints (a diverging prompt resets), routing look-ahead.
+ */
+#ifndef K3_CLUSTER_H
+#define K3_CLUSTER_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "common/model.h"
+#include "coordinator/generate.h"
+#include "proto/proto.h"
+
+typedef struct k3_cluster k3_cluster;
+
+typedef struct k3_cluster_opts {
+    /* Where the workers are: endpoints to connect to, or, when n_workers is
+     * 0, `local` worker processes this cluster starts over ipc:// with an
+     * even split of the layers (local >= 1). */
+    const char *const *workers; /* [n_workers] endpoints, borrowed */
+    int n_workers;
+    int local;
+    /* What the workers must agree with (HELLO): the coordinator's model
+     * options (numerics, topp, model_dir, dirs, threads for local workers) */
+    const k3_model_opts *model; /* borrowed */
+    int exact;                  /* the --exact switch */
+    /* Local workers */
+    const char *worker_bin;     /* NULL: $K3_WORKER_BIN, else k3-worker next to this program */
+    const char *const *worker_args; /* extra arguments for every local worker, borrowed */
+    int n_worker_args;
+    int worker_threads;         /* --threads of each local worker, 0 = the model's / local */
+    int max_sessions;           /* --max-sessions of local workers, 0 = worker default */
+    int max_ctx;                /* --max-ctx of local workers, 0 = worker default */
+    /* Liveness and scheduling */
+    int hb_ms;                  /* heartbeat interval (TTL = 3 x hb_ms), 100..19000 */
+    int step_timeout_ms;        /* a worker silent this long with work pending is stalled */
+    int ready_timeout_ms;       /* k3_cluster_open waits this long for every worker */
+    int request_wait_ms;        /* a step waits this long for a re-registering worker */
+    int pipe_chunk;             /* tokens per pipelined micro-chunk; 0 = split each call
+                                   into one piece per stage (at least 8 tokens each) */
+    /* Transport security */
+    int insecure;               /* allow plain tcp off loopback */
+    const char *curve_secret;   /* our key pair file (mode 0600) */
+    const char *worker_keys;    /* lines "ENDPOINT|* Z85-public-key" */
+} k3_cluster_opts;
+
+/* Defaults: local 2, hb 1000 ms, step timeout 30 s, ready timeout 600 s,
+ * request wait 2 x TTL, pipe_chunk 0. */
+void k3_cluster_opts_default(k3_cluster_opts *o);
+
+/* Starts the I/O thread (and the local workers), registers every worker and
+ * checks that their ranges cover [0, cfg->n_layers) exactly once. Fails
+ * naming the first worker that could not be reached or was refused. */
+k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_cluster_opts *o,
+                          char *err, size_t errlen);
+/* Stops the I/O thread; local workers get SHUTDOWN, then SIGTERM, then
+ * SIGKILL after 2 s. Accepts NULL. */
+void k3_cluster_close(k3_cluster **c);
+
+/* A trunk over the cluster (ops name "cluster"); the cluster is borrowed
+ * and must outlive the trunk. Free with k3_trunk_close. */
+k3_status k3_cluster_trunk(k3_cluster *c, k3_trunk **out, char *err, size_t errlen);
+
+/* Waits until every worker is registered again (after a loss). */
+k3_status k3_cluster_wait_ready(k3_cluster *c, int timeout_ms, char *err, size_t errlen);
+
+/* ---- introspection (--stats, tests) ---- */
+
+typedef struct k3_stage_info {
+    int layer_a, layer_b;       /* the worker's range */
+    char name[K3_PROTO_MAX_NAME];
+    char endpoint[256];
+    int ready;                  /* registered now */
+    uint64_t epoch;             /* current link epoch */
+    pid_t pid;                  /* local worker's pid, 0 otherwise */
+    double read_gbps;           /* from HELLO_OK */
+    uint64_t forwards, tokens;  /* steps completed on this stage */
+    double busy_ms;             /* worker-measured compute time (sum of compute_ms) */
+    double read_ms;             /* worker-measured expert read wait */
+    uint64_t bytes_read, hits, misses;
+    double occupied_ms;         /* coordinator-side: time with >= 1 step outstanding */
+    double hop_ms;              /* sum over steps of (round trip - worker time) */
+    uint64_t stale_dropped;     /* replies dropped: old epoch, unknown id, cancelled */
+    uint64_t failures;          /* times the link was declared lost */
+} k3_stage_info;
+
+int k3_cluster_stages(const k3_cluster *c);
+/* Stage i in layer order. */
+void k3_cluster_stage_info(k3_cluster *c, int i, k3_stage_info *out);
+/* Wall time with two or more stages busy at once (pipelining evidence). */
+double k3_cluster_overlap_ms(k3_cluster *c);
+/* Links declared lost since open. */
+uint64_t k3_cluster_losses(k3_cluster *c);
+/* Asks stage i for its cumulative STATS_OK. */
+k3_status k3_cluster_worker_stats(k3_cluster *c, int i, proto_stats_ok *out, char *err,
+                                  size_t errlen);
+/* One block of lines per stage: layers, busy time, occupancy, hop latency,
+ * bytes per token, drive rate. */
+void k3_cluster_print_stats(k3_cluster *c, FILE *f);
+
+/* ---- resume by replay (coordinator/cluster_replay.c) ---- */
+
+/* k3_generate on s, resumed across worker losses: when a step fails because
+ * a worker was lost (or a session state was lost), waits up to wait_ms for
+ * the cluster to be whole again, resets the session and replays its ids
+ * (prompt + tokens produced so far), then continues; at most max_resumes
+ * times. The produced tokens equal an uninterrupted run's. res sums all
+ * attempts; res->n_prompt is the original prompt length. */
+k3_status k3_cluster_generate(k3_cluster *c, k3_session *s, const int32_t *prompt, int n,
+                              const k3_gen_opts *opts, int max_resumes, int wait_ms,
+                              k3_gen_result *res, char *err, size_t errlen);
+
+/* ---- local worker processes (coordinator/cluster_local.c) ---- */
+
+/* Path of the k3-worker program: $K3_WORKER_BIN, else next to
+ * /proc/self/exe, else "k3-worker" on PATH. */
+void k3_worker_bin(char *out, size_t cap);
+
+/* Starts `bin` with argv (argv[0] included, NULL-terminated) and the
+ * environment plus env_add ("K=V", NULL-terminated, may be NULL). The child
+ * gets SIGTERM when this process dies (PR_SET_PDEATHSIG). */
+k3_status k3_worker_spawn(pid_t *pid, const char *bin, char *const argv[], char *const env_add[],
+                          char *err, size_t errlen);
+
+/* SIGTERM, wait up to grace_ms, then SIGKILL; returns the exit status as
+ * waitpid reports it, or -1 if the process was not ours. */
+int k3_worker_stop(pid_t pid, int grace_ms);
+
+/* Non-blocking: 1 and *status if pid has exited (reaped), else 0. */
+int k3_worker_exited(pid_t pid, int *status);
+
+#endif

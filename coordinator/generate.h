@@ -1,0 +1,154 @@
+/* coordinator/generate.h: sessions and the generation loop of the coordinator.
+ *
+ * Owns: a session (its committed token ids, the trunk's state for it, chunk
+ * buffers for the AttnRes boundary state) and the step loop of
+ * ARCHITECTURE.md "One forward step": embed -> trunk (every layer) -> head ->
+ * sample, with chunked prefill, prefix reuse (a prompt that extends the
+ * committed ids prefills only the tail; any other prompt resets) and the
+ * stop rules (eos, ngen, context full).
+ * Borrows: the model (embedding, final head) and the trunk, which must
+ * outlive every session opened on them; the sampler passed to k3_generate.
+ *
+ * The trunk is the layer stack [0, n_layers) behind the coordinator. It is
+ * an interface so that the in-process path (k3_trunk_open_inproc: the stage
+ * API of common/stage.h on this process's model) and the cluster path
+ * (coordinator/cluster.c: the same stage code in worker processes) are
+ * interchangeable under one session and give the same bits.
+ *
+ * Threads: a session is used by one thread at a time; different sessions
+ * may run concurrently when their trunk allows it (the in-process trunk
+ * does: see stage.h).
+ */
+#ifndef K3_GENERATE_H
+#define K3_GENERATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "common/model.h"
+#include "common/sampler.h"
+#include "common/stage.h"
+
+/* ---- trunk: the layer stack ------------------------------------------- */
+
+typedef struct k3_trunk k3_trunk;
+
+typedef struct k3_trunk_ops {
+    const char *name; /* "in-process", "cluster", for logs */
+    /* Per-session state with room for max_ctx tokens. */
+    k3_status (*state_open)(k3_trunk *t, int max_ctx, void **state, char *err, size_t errlen);
+    void (*state_close)(k3_trunk *t, void **state);
+    /* Back to position 0 (all recurrent state zero). */
+    void (*state_reset)(k3_trunk *t, void *state);
+    /* Runs every layer on T tokens at [pos0, pos0 + T): blocks [*nb][T][D]
+     * in (capacity K3_MAX_RES_ENTRIES), [*nb + k][T][D] out; h [T][D] in/out.
+     * trace (may be NULL) sees each layer's output with the global layer
+     * index. On error the state must be reset before reuse. */
+    k3_status (*forward)(k3_trunk *t, void *state, int pos0, int T, float *blocks, int *nb,
+                         float *h, k3_step_stats *stats, k3_trace_fn trace, void *trace_ctx,
+                         char *err, size_t errlen);
+    /* Bytes of the state held in this process (0 when it lives elsewhere). */
+    size_t (*state_bytes)(k3_trunk *t, void *state);
+    void (*close)(k3_trunk *t); /* frees impl, not t */
+} k3_trunk_ops;
+
+struct k3_trunk {
+    const k3_trunk_ops *ops;
+    void *impl; /* owned, freed by ops->close */
+};
+
+/* The in-process trunk: k3_stage_forward over [0, n_layers) of m (which must
+ * hold every layer). m is borrowed. */
+k3_status k3_trunk_open_inproc(k3_trunk **out, k3_model *m, char *err, size_t errlen);
+void k3_trunk_close(k3_trunk **t);
+
+/* ---- session ---------------------------------------------------------- */
+
+typedef struct k3_session k3_session;
+
+typedef struct k3_session_opts {
+    int max_ctx;  /* capacity in tokens, 1..K3_MAX_CTX */
+    int chunk;    /* prefill chunk, 1..K3_MAX_CHUNK */
+    int progress; /* one stderr line per prefill chunk */
+} k3_session_opts;
+
+/* Per-chunk hooks of a feed; every field may be NULL. */
+typedef struct k3_feed_hooks {
+    /* Teacher forcing: logits [T][vocab] of positions [pos0, pos0 + T) of
+     * every fed chunk (k3_model_head with t0 = 0). Costs T head rows. */
+    void (*logits)(void *ctx, int pos0, int T, int vocab, const float *logits);
+    void *logits_ctx;
+    /* Hidden state after every layer (see k3_trace_fn). */
+    k3_trace_fn trace;
+    void *trace_ctx;
+} k3_feed_hooks;
+
+k3_status k3_session_open(k3_session **out, k3_model *m, k3_trunk *trunk,
+                          const k3_session_opts *opts, char *err, size_t errlen);
+void k3_session_close(k3_session **s);
+void k3_session_reset(k3_session *s);
+
+int k3_session_len(const k3_session *s);            /* committed ids */
+const int32_t *k3_session_ids(const k3_session *s); /* [len] */
+int k3_session_max_ctx(const k3_session *s);
+/* Bytes held for the session in this process: trunk state + chunk buffers. */
+size_t k3_session_state_bytes(const k3_session *s);
+/* 0 when the stack is truncated (K3_LAYERS < num_hidden_layers): then no
+ * head runs and feeding yields no logits (trace only), spec 8 item 5. */
+int k3_session_has_head(const k3_session *s);
+
+/* Brings the session to exactly ids[0, n): when ids extends the committed
+ * ids only the tail is prefilled, otherwise the session resets and
+ * prefills everything. *logits (if not NULL) receives the logits [vocab] of
+ * the last position, valid until the next call on the session; *n_fed the
+ * number of tokens actually prefilled. Errors: n < 1, n > max_ctx, an id
+ * outside the vocabulary, non-finite logits, a trunk failure (the session is
+ * then reset). */
+k3_status k3_session_feed(k3_session *s, const int32_t *ids, int n, const k3_feed_hooks *hooks,
+                          const float **logits, int *n_fed, char *err, size_t errlen);
+
+/* Appends ids[0, n) to the committed ids (decode: n = 1). */
+k3_status k3_session_append(k3_session *s, const int32_t *ids, int n, const k3_feed_hooks *hooks,
+                            const float **logits, char *err, size_t errlen);
+
+/* ---- generation ------------------------------------------------------- */
+
+typedef enum k3_stop {
+    K3_STOP_NONE = 0, /* ngen = 0: prefill only */
+    K3_STOP_NGEN,     /* produced ngen tokens */
+    K3_STOP_EOS,      /* sampled an eos id (reported, not fed) */
+    K3_STOP_CTX       /* context full: max_ctx tokens committed */
+} k3_stop;
+
+typedef struct k3_gen_opts {
+    int ngen;            /* tokens to generate, 0..K3_MAX_NGEN */
+    k3_sampler *sampler; /* borrowed */
+    const int *eos;      /* [n_eos] stop ids (config eos list) */
+    int n_eos;
+    k3_feed_hooks prompt_hooks; /* hooks for the prompt's prefill only */
+    /* Called with each generated id as soon as it is sampled. */
+    void (*on_token)(void *ctx, int32_t id);
+    void *token_ctx;
+} k3_gen_opts;
+
+typedef struct k3_gen_result {
+    int n_prompt;    /* prompt tokens */
+    int n_prefilled; /* of which prefilled now (the rest were reused) */
+    int n_gen;       /* tokens generated */
+    k3_stop stop;
+    double prefill_ms;   /* wall time of the prompt's prefill */
+    double decode_ms;    /* wall time of the decode steps (sampling included) */
+    int n_decode_steps;  /* forward steps in decode_ms (n_gen - 1 or n_gen) */
+    k3_step_stats stats; /* summed over prefill and decode */
+} k3_gen_result;
+
+/* Feeds prompt[0, n) (prefix reuse as k3_session_feed), then samples up to
+ * ngen tokens, feeding each back except the last one and an eos. */
+k3_status k3_generate(k3_session *s, const int32_t *prompt, int n, const k3_gen_opts *opts,
+                      k3_gen_result *res, char *err, size_t errlen);
+
+/* Statistics summed over every forward step of the session since open. */
+void k3_session_stats(const k3_session *s, k3_step_stats *out);
+
+#endif

@@ -1,0 +1,144 @@
+/* proto/link.h: the transport under the protocol, shared by k3-coordinator
+ * and k3-worker (docs/PROTOCOL.md 1 and 9; RELIABILITY.md sections 2 and 3).
+ *
+ * Owns: the socket options every cluster socket gets (linger, heartbeats,
+ * handshake and reconnect intervals, frame size limit), endpoint
+ * classification (which endpoints may run without CURVE), CURVE key files
+ * (keygen output, secret files checked for mode 0600 at load, allow-lists),
+ * the ZAP handler thread that makes a CURVE server fail closed, the cluster
+ * fingerprint carried in HELLO, and the numeric settings of a model.
+ * Borrows: the zmq context and sockets passed in (never closes them, except
+ * the ZAP handler's own socket).
+ * Threads: every function is reentrant; a k3_zap runs its own thread and is
+ * opened/closed by one thread. Secret key bytes are never logged.
+ *
+ * Fail-closed CURVE (RELIABILITY.md 3): libzmq 4.3.4 accepts any client key
+ * on a CURVE server when no ZAP handler answers, unless ZAP_DOMAIN is set
+ * AND option 93 (ZMQ_ZAP_ENFORCE_DOMAIN, a draft constant hidden by the
+ * stable header) is 1. k3_link_curve_server sets both; k3_zap_open must run
+ * before the server socket binds.
+ */
+#ifndef K3_LINK_H
+#define K3_LINK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/err.h"
+#include "common/model.h"
+#include "proto/proto.h"
+
+/* Build identity sent in HELLO / HELLO_OK (logged, never compared). */
+#define K3_LINK_BUILD "k3shard proto 1.0"
+
+/* Default heartbeat interval (HB). TTL = 3 x HB (RELIABILITY.md 8). */
+#define K3_LINK_HB_MS_DEFAULT 1000
+#define K3_LINK_LIVENESS 3
+
+/* Socket options of a cluster socket. */
+typedef struct k3_link_sockopts {
+    int hb_ms;        /* ZMTP HEARTBEAT_IVL; TIMEOUT and TTL are 3 x hb_ms; 0 = off */
+    int linger_ms;    /* ZMQ_LINGER: pending messages are dropped after this on close */
+    int handshake_ms; /* ZMQ_HANDSHAKE_IVL: a stuck or refused CURVE handshake fails fast */
+} k3_link_sockopts;
+
+/* hb_ms in [100, 20000] (TTL must stay < 60 s and >= 100 ms, libzmq #4226).
+ * Sets LINGER, HEARTBEAT_IVL/TIMEOUT/TTL, HANDSHAKE_IVL, RECONNECT_IVL 100 ms
+ * (max 2 s), SNDHWM/RCVHWM and ZMQ_MAXMSGSIZE (proto_socket_limit). Call
+ * before bind/connect. */
+k3_status k3_link_sockopts_apply(void *sock, const k3_link_sockopts *o, char *err,
+                                 size_t errlen);
+
+/* ---- endpoints ---- */
+
+typedef enum k3_link_ep_kind {
+    K3_EP_INVALID = 0,
+    K3_EP_IPC,          /* ipc://path: one host, file permissions */
+    K3_EP_INPROC,       /* inproc://name: one process (tests) */
+    K3_EP_TCP_LOOPBACK, /* tcp://127.x.y.z, localhost, [::1] */
+    K3_EP_TCP_NET       /* any other tcp:// (a network: CURVE required) */
+} k3_link_ep_kind;
+
+/* Classifies an endpoint; K3_EP_INVALID with a message naming it when the
+ * syntax is wrong (unknown scheme, empty host, port missing or > 65535, an
+ * ipc path over the 107-byte sun_path limit). */
+k3_link_ep_kind k3_link_endpoint_kind(const char *ep, char *err, size_t errlen);
+
+/* K3_ERR_AUTH when ep is a network tcp endpoint and neither CURVE is
+ * configured (have_curve) nor insecure was asked for; `who` names the side
+ * ("worker --listen", "coordinator --workers") in the message. */
+k3_status k3_link_endpoint_policy(const char *ep, int have_curve, int insecure, const char *who,
+                                  char *err, size_t errlen);
+
+/* ---- CURVE keys ---- */
+
+#define K3_Z85_KEY_LEN 40 /* a 32-byte key in Z85 */
+
+typedef struct k3_curve_keypair {
+    char public_z85[K3_Z85_KEY_LEN + 1];
+    char secret_z85[K3_Z85_KEY_LEN + 1]; /* never logged */
+} k3_curve_keypair;
+
+/* Writes a new key pair: <prefix>.key (public + secret, created with mode
+ * 0600, refused if it exists) and <prefix>.pub (public only, 0644). */
+k3_status k3_link_keygen(const char *prefix, k3_curve_keypair *out, char *err, size_t errlen);
+
+/* Loads a secret key file written by k3_link_keygen. Refuses (K3_ERR_AUTH) a
+ * file readable or writable by group or others (mode wider than 0600), and
+ * checks that the public key matches the secret one. */
+k3_status k3_link_secret_load(const char *path, k3_curve_keypair *out, char *err,
+                              size_t errlen);
+
+/* Parses one public key: 40 Z85 characters, or "public = <z85>". */
+k3_status k3_link_public_parse(const char *text, char out_z85[K3_Z85_KEY_LEN + 1], char *err,
+                               size_t errlen);
+
+/* An allow-list of client public keys (32 raw bytes each). */
+typedef struct k3_allow_list {
+    int n;
+    uint8_t (*keys)[32]; /* [n], owned */
+} k3_allow_list;
+
+/* Reads a file of public keys, one per line (bare Z85 or "public = Z85";
+ * '#' comments and blank lines ignored), at most K3_MAX_ALLOW_KEYS. An
+ * empty list is an error: it would refuse everyone. */
+k3_status k3_allow_list_load(const char *path, k3_allow_list *out, char *err, size_t errlen);
+void k3_allow_list_free(k3_allow_list *l);
+int k3_allow_list_has(const k3_allow_list *l, const uint8_t key[32]);
+
+/* Makes sock a CURVE server with this key pair, ZAP domain "k3shard" and
+ * ZMQ_ZAP_ENFORCE_DOMAIN = 1 (fail closed). Before bind. */
+k3_status k3_link_curve_server(void *sock, const k3_curve_keypair *kp, char *err, size_t errlen);
+/* Makes sock a CURVE client of a server with public key server_z85. */
+k3_status k3_link_curve_client(void *sock, const k3_curve_keypair *kp, const char *server_z85,
+                               char *err, size_t errlen);
+
+/* ---- ZAP handler (RFC 27) ---- */
+
+typedef struct k3_zap k3_zap;
+
+/* Binds inproc://zeromq.zap.01 in ctx (before any CURVE server binds) and
+ * starts a thread answering 200 for CURVE clients whose key is on allow
+ * (borrowed, must outlive the handler) and 400 for everyone else, logging
+ * the Z85 public key of each refused client. */
+k3_status k3_zap_open(k3_zap **out, void *ctx, const k3_allow_list *allow, char *err,
+                      size_t errlen);
+void k3_zap_close(k3_zap **z);
+uint64_t k3_zap_refused(const k3_zap *z); /* clients refused so far */
+
+/* ---- what HELLO compares ---- */
+
+/* The cluster fingerprint: FNV-1a over the config fingerprint (geometry and
+ * schedules), the bytes of model.safetensors.index.json when present (the
+ * tensor index: every name and its shard) and the routing top-p, which no
+ * numeric setting carries. The same on every process of one cluster,
+ * whatever its layer range (k3_model_fingerprint includes the range, so it
+ * cannot be used on the wire). */
+k3_status k3_link_fingerprint(const char *model_dir, const k3_config *cfg, double topp,
+                              uint64_t *out, char *err, size_t errlen);
+
+/* The numeric settings of a model's options (isa: the level in use). */
+void k3_link_numerics(const k3_model_opts *o, int exact, proto_numerics *out);
+
+#endif

@@ -1,0 +1,369 @@
+/* tests/bench/bench_kernels.c: kernel throughput next to its denominators
+ * (issue 7). Not a test: prints a table, asserts nothing.
+ *
+ *   - STREAM-like read bandwidth (1 and 2 threads) over a buffer far larger
+ *     than L3;
+ *   - int8 dot peak: a register-only loop of the active level's int8 dot
+ *     instruction chain (AVX2: vpmaddubsw + vpmaddwd + vpaddd; AVX-512:
+ *     vpdpbusd), 1 and 2 threads;
+ *   - every kernel at the K3 shapes, n = 1, 8, 32, weights streamed from RAM
+ *     (rotating over copies that together exceed L3 many times) and hot (one
+ *     copy, repeated), 1 and 2 threads. n = 1 is judged in GB/s against
+ *     STREAM, n = 32 in GOP/s (2 ops per multiply-add) against the int8 peak.
+ *
+ * Usage: bench_kernels [--quick]. K3_ISA picks the level as everywhere.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/kernels.h"
+#include "common/pool.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+static void fill_bytes(void *p, size_t n) {
+    uint8_t *b = p;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v = rnd();
+        memcpy(b + i, &v, 8);
+    }
+    for (; i < n; i++) b[i] = (uint8_t)rnd();
+}
+
+static double g_min_time = 0.25; /* seconds per measurement */
+static k3_pool *g_pool2;
+
+/* ---- STREAM-like read ---- */
+
+typedef struct {
+    const uint8_t *buf;
+    size_t bytes;
+    int parts;
+    uint64_t sink[8 * 8];
+} rd_job;
+
+__attribute__((target("avx2"))) static void rd_task(void *ctx, int task) {
+    rd_job *j = ctx;
+    size_t per = j->bytes / (size_t)j->parts / 128 * 128;
+    const uint8_t *p = j->buf + per * (size_t)task;
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    for (size_t i = 0; i < per; i += 128) {
+        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + i)));
+        b = _mm256_add_epi64(b, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        c = _mm256_add_epi64(c, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        d = _mm256_add_epi64(d, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
+    j->sink[task * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
+}
+
+static double stream_read(int threads, const uint8_t *buf, size_t bytes) {
+    rd_job j = {.buf = buf, .bytes = bytes, .parts = threads};
+    k3_pool *pool = threads == 1 ? NULL : g_pool2;
+    k3_pool_run(pool, rd_task, &j, threads); /* warm */
+    double best = 0;
+    for (int rep = 0; rep < 4; rep++) {
+        double t0 = now_s();
+        k3_pool_run(pool, rd_task, &j, threads);
+        double gbs = (double)(bytes / (size_t)threads / 128 * 128 * (size_t)threads) / (now_s() - t0) / 1e9;
+        best = gbs > best ? gbs : best;
+    }
+    return best;
+}
+
+/* ---- int8 dot peak ---- */
+
+#define PEAK_ITERS 20000000L
+#define KEEP(v) __asm__ volatile("" : "+x"(v))
+
+typedef struct {
+    int kind; /* 0 avx2 maddubs chain, 1 avx512 vnni */
+    int32_t sink[4 * 16];
+} pk_job;
+
+__attribute__((target("avx2"))) static void peak_avx2(int32_t *sink) {
+    __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-5), one = _mm256_set1_epi16(1);
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+    for (long i = 0; i < PEAK_ITERS; i++) {
+        KEEP(u);
+        KEEP(s);
+        a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), one));
+        a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(_mm256_maddubs_epi16(s, u), one));
+        a2 = _mm256_add_epi32(a2, _mm256_madd_epi16(_mm256_maddubs_epi16(u, u), one));
+        a3 = _mm256_add_epi32(a3, _mm256_madd_epi16(_mm256_maddubs_epi16(s, s), one));
+        a4 = _mm256_add_epi32(a4, _mm256_madd_epi16(_mm256_maddubs_epi16(u, one), one));
+        a5 = _mm256_add_epi32(a5, _mm256_madd_epi16(_mm256_maddubs_epi16(one, s), one));
+    }
+    __m256i t = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
+                                 _mm256_add_epi32(a4, a5));
+    sink[0] = _mm256_extract_epi32(t, 0);
+}
+
+__attribute__((target("avx512f,avx512vnni"))) static void peak_avx512(int32_t *sink) {
+    __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-5);
+    __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+            a7 = a0;
+    for (long i = 0; i < PEAK_ITERS; i++) {
+        KEEP(u);
+        KEEP(s);
+        a0 = _mm512_dpbusd_epi32(a0, u, s);
+        a1 = _mm512_dpbusd_epi32(a1, s, u);
+        a2 = _mm512_dpbusd_epi32(a2, u, u);
+        a3 = _mm512_dpbusd_epi32(a3, s, s);
+        a4 = _mm512_dpbusd_epi32(a4, u, s);
+        a5 = _mm512_dpbusd_epi32(a5, s, u);
+        a6 = _mm512_dpbusd_epi32(a6, u, u);
+        a7 = _mm512_dpbusd_epi32(a7, s, s);
+    }
+    __m512i t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
+    sink[0] = _mm512_reduce_add_epi32(t);
+}
+
+static void pk_task(void *ctx, int task) {
+    pk_job *j = ctx;
+    if (j->kind == 1) peak_avx512(j->sink + task * 16);
+    else peak_avx2(j->sink + task * 16);
+}
+
+/* multiply-adds per iteration: AVX2 6 x 32, AVX-512 8 x 64 */
+static double int8_peak(int kind, int threads) {
+    pk_job j = {.kind = kind};
+    double t0 = now_s();
+    k3_pool_run(threads == 1 ? NULL : g_pool2, pk_task, &j, threads);
+    double dt = now_s() - t0;
+    double macs = (double)PEAK_ITERS * (kind == 1 ? 8 * 64 : 6 * 32) * threads;
+    return 2 * macs / dt / 1e9;
+}
+
+/* ---- kernel cases ---- */
+
+typedef enum { K_MX_F32, K_MX_I8, K_DENSE } kkind;
+
+typedef struct {
+    const char *name;
+    kkind kind;
+    int bits; /* dense: 8 or 4 */
+    int rows, cols;
+} kshape;
+
+typedef struct {
+    int copies;
+    k3_mxfp4 *mx;    /* [copies] */
+    uint8_t **mxbuf; /* [copies] owned */
+    k3_qmat *qm;     /* [copies] */
+    size_t bytes;    /* one copy: weights + scales */
+} kweights;
+
+static void weights_make(kweights *kw, const kshape *s, int copies) {
+    memset(kw, 0, sizeof *kw);
+    kw->copies = copies;
+    const size_t nel = (size_t)s->rows * s->cols;
+    if (s->kind != K_DENSE) {
+        kw->mx = calloc((size_t)copies, sizeof *kw->mx);
+        kw->mxbuf = calloc((size_t)copies, sizeof *kw->mxbuf);
+        kw->bytes = nel / 2 + nel / 32;
+        for (int c = 0; c < copies; c++) {
+            uint8_t *b = k3_xaligned(64, kw->bytes);
+            fill_bytes(b, nel / 2);
+            for (size_t i = 0; i < nel / 32; i++) b[nel / 2 + i] = (uint8_t)(112 + rnd() % 11);
+            kw->mxbuf[c] = b;
+            kw->mx[c] = (k3_mxfp4){.packed = b, .scale = b + nel / 2, .rows = s->rows, .cols = s->cols};
+        }
+        return;
+    }
+    kw->qm = calloc((size_t)copies, sizeof *kw->qm);
+    for (int c = 0; c < copies; c++) {
+        k3_qmat *m = &kw->qm[c];
+        m->rows = s->rows;
+        m->cols = s->cols;
+        m->owned = 1;
+        if (s->bits == 4) {
+            m->fmt = K3_QF_I4G64;
+            m->q4 = k3_xaligned(64, nel / 2);
+            fill_bytes(m->q4, nel / 2);
+            m->scales = k3_xaligned(64, nel / 64 * sizeof(float));
+            for (size_t i = 0; i < nel / 64; i++) m->scales[i] = 0.01f;
+        } else {
+            m->fmt = K3_QF_I8;
+            m->q8 = k3_xaligned(64, nel);
+            fill_bytes(m->q8, nel);
+            m->scales = k3_xaligned(64, (size_t)s->rows * sizeof(float));
+            for (int i = 0; i < s->rows; i++) m->scales[i] = 0.01f;
+        }
+        kw->bytes = k3_qmat_bytes(m);
+    }
+}
+
+static void weights_free(kweights *kw) {
+    for (int c = 0; c < kw->copies; c++) {
+        if (kw->mxbuf) free(kw->mxbuf[c]);
+        if (kw->qm) k3_qmat_free(&kw->qm[c]);
+    }
+    free(kw->mx);
+    free(kw->mxbuf);
+    free(kw->qm);
+}
+
+typedef struct {
+    const float *x;
+    const int8_t *q;
+    const float *s;
+    float *y;
+} kio;
+
+static void run_once(const kshape *s, kweights *kw, int copy, const kio *io, int n, k3_pool *pool) {
+    switch (s->kind) {
+    case K_MX_F32: k3_mxfp4_matmul_f32_mt(&kw->mx[copy], io->x, n, io->y, pool); break;
+    case K_MX_I8: k3_mxfp4_matmul_i8_mt(&kw->mx[copy], io->q, io->s, n, io->y, pool); break;
+    case K_DENSE: k3_qmat_matmul(&kw->qm[copy], io->x, n, io->y, pool); break;
+    }
+}
+
+/* Seconds per call: repeats for at least g_min_time, rotating over `use`
+ * copies (1 = hot). */
+static double time_kernel(const kshape *s, kweights *kw, int use, const kio *io, int n,
+                          k3_pool *pool) {
+    for (int c = 0; c < use; c++) run_once(s, kw, c, io, n, pool); /* warm / fault in */
+    int iters = 0;
+    double t0 = now_s(), dt;
+    do {
+        run_once(s, kw, iters % use, io, n, pool);
+        iters++;
+        dt = now_s() - t0;
+    } while (dt < g_min_time || iters < 3);
+    return dt / iters;
+}
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    if (quick) g_min_time = 0.05;
+    char err[256];
+    if (k3_pool_open(&g_pool2, 2, err, sizeof err) != K3_OK) {
+        fprintf(stderr, "bench_kernels: %s\n", err);
+        return 1;
+    }
+    k3_isa isa = k3_isa_active();
+    printf("# k3shard kernel benchmark: isa %s (cpu supports %s)\n", k3_isa_name(isa),
+           k3_isa_name(k3_isa_detect()));
+
+    /* denominators */
+    const size_t sbytes = quick ? (256u << 20) : (1024u << 20);
+    uint8_t *sbuf = k3_xaligned(64, sbytes);
+    memset(sbuf, 1, sbytes);
+    double stream[3];
+    for (int t = 1; t <= 2; t++) stream[t] = stream_read(t, sbuf, sbytes);
+    free(sbuf);
+    int pk_kind = isa == K3_ISA_AVX512 ? 1 : 0;
+    double peak[3];
+    for (int t = 1; t <= 2; t++) peak[t] = isa == K3_ISA_SCALAR ? 0 : int8_peak(pk_kind, t);
+    printf("# STREAM-like read: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", stream[1], stream[2]);
+    if (isa != K3_ISA_SCALAR)
+        printf("# int8 dot peak (%s): %.0f GOP/s (1 thread), %.0f GOP/s (2 threads)\n",
+               pk_kind ? "vpdpbusd zmm" : "vpmaddubsw+vpmaddwd+vpaddd ymm", peak[1], peak[2]);
+    if (pk_kind == 0 && k3_isa_detect() == K3_ISA_AVX512)
+        printf("# (for reference, vpdpbusd zmm peak: %.0f GOP/s 1 thread)\n", int8_peak(1, 1));
+
+    /* pool overhead */
+    {
+        double t0 = now_s();
+        int runs = 20000;
+        rd_job j = {.buf = NULL, .bytes = 0, .parts = 2};
+        for (int i = 0; i < runs; i++) k3_pool_run(g_pool2, rd_task, &j, 2);
+        printf("# pool: an empty 2-thread k3_pool_run costs %.2f us\n", (now_s() - t0) / runs * 1e6);
+    }
+
+    static const kshape shapes[] = {
+        {"mxfp4 f32 gate/up", K_MX_F32, 0, 3072, 3584}, {"mxfp4 i8 gate/up", K_MX_I8, 0, 3072, 3584},
+        {"mxfp4 f32 down", K_MX_F32, 0, 3584, 3072},    {"mxfp4 i8 down", K_MX_I8, 0, 3584, 3072},
+        {"int4 kda qkv", K_DENSE, 4, 12288, 7168},      {"int8 mla", K_DENSE, 8, 1536, 7168},
+        {"int8 lm_head", K_DENSE, 8, 16384, 7168},
+    };
+    static const int ns[] = {1, 8, 32};
+    const int nmax = 32;
+    const size_t ram_target = 512u << 20; /* rotate through >= 512 MB (L3 is 32 MB) */
+
+    printf("\n%-18s %-11s %2s %3s %-4s %9s %7s %6s %7s %6s\n", "kernel", "shape", "n", "thr", "mem",
+           "ms/call", "GB/s", "%strm", "GOP/s", "%peak");
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const kshape *s = &shapes[si];
+        kweights kw;
+        int copies = 1;
+        {
+            kweights probe;
+            weights_make(&probe, &(kshape){.kind = s->kind, .bits = s->bits, .rows = 64, .cols = s->cols}, 1);
+            size_t per_row = probe.bytes / 64;
+            weights_free(&probe);
+            size_t one = per_row * (size_t)s->rows;
+            copies = (int)((ram_target + one - 1) / one);
+            if (quick && copies > 4) copies = 4;
+        }
+        weights_make(&kw, s, copies);
+        float *x = malloc(sizeof(float) * nmax * s->cols);
+        for (size_t i = 0; i < (size_t)nmax * s->cols; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+        int8_t *q = malloc((size_t)nmax * s->cols);
+        float *qs = malloc(sizeof(float) * nmax * s->cols / 32);
+        k3_act_quant_q8(x, nmax, s->cols, q, qs);
+        float *y = malloc(sizeof(float) * nmax * s->rows);
+        kio io = {.x = x, .q = q, .s = qs, .y = y};
+        char shape[32];
+        snprintf(shape, sizeof shape, "%dx%d", s->rows, s->cols);
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            int n = ns[ni];
+            for (int thr = 1; thr <= 2; thr++) {
+                for (int hot = 0; hot <= 1; hot++) {
+                    double sec = time_kernel(s, &kw, hot ? 1 : copies, &io, n, thr == 1 ? NULL : g_pool2);
+                    double gbs = (double)kw.bytes / sec / 1e9;
+                    double gops = 2.0 * s->rows * (double)s->cols * n / sec / 1e9;
+                    printf("%-18s %-11s %2d %3d %-4s %9.3f %7.1f %5.0f%% %7.1f %5.0f%%\n", s->name,
+                           shape, n, thr, hot ? "hot" : "ram", sec * 1e3, gbs,
+                           100 * gbs / stream[thr], gops, peak[thr] > 0 ? 100 * gops / peak[thr] : 0);
+                    fflush(stdout);
+                }
+            }
+        }
+        free(x);
+        free(q);
+        free(qs);
+        free(y);
+        weights_free(&kw);
+    }
+
+    /* activation quantizer, for scale */
+    {
+        const int cols = 3584, n = 32;
+        float *x = malloc(sizeof(float) * n * cols);
+        for (int i = 0; i < n * cols; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+        int8_t *q = malloc((size_t)n * cols);
+        float *s = malloc(sizeof(float) * n * cols / 32);
+        int iters = 0;
+        double t0 = now_s();
+        while (now_s() - t0 < g_min_time) {
+            k3_act_quant_q8(x, n, cols, q, s);
+            iters++;
+        }
+        printf("\n# act quant 32x3584: %.1f us per call\n", (now_s() - t0) / iters * 1e6);
+        free(x);
+        free(q);
+        free(s);
+    }
+    k3_pool_close(&g_pool2);
+    return 0;
+}

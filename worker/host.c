@@ -1,0 +1,156 @@
+/* worker/host.c: NUMA pinning (hwloc) and the drive read benchmark
+ * (host.h). */
+#include "worker/host.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <hwloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/limits.h"
+#include "common/log.h"
+#include "common/safetensors.h"
+
+k3_status wk_pin_numa(int node, char *desc, size_t desclen, char *err, size_t errlen) {
+    if (desc && desclen) desc[0] = 0;
+    if (node < 0) return k3_errf(K3_ERR_ARG, err, errlen, "NUMA node %d is negative", node);
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) != 0)
+        return k3_errf(K3_ERR_INTERNAL, err, errlen, "hwloc: cannot initialise a topology");
+    k3_status st = K3_OK;
+    if (hwloc_topology_load(topo) != 0) {
+        st = k3_errf(K3_ERR_IO, err, errlen, "hwloc: cannot load the topology: %s", strerror(errno));
+        goto out;
+    }
+    int n_nodes = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
+    hwloc_obj_t obj = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, (unsigned)node);
+    if (!obj) {
+        st = k3_errf(K3_ERR_ARG, err, errlen, "NUMA node %d does not exist (this machine has %d)",
+                     node, n_nodes);
+        goto out;
+    }
+    if (hwloc_set_cpubind(topo, obj->cpuset, HWLOC_CPUBIND_PROCESS) != 0) {
+        st = k3_errf(K3_ERR_IO, err, errlen, "hwloc: binding CPUs to NUMA node %d: %s", node,
+                     strerror(errno));
+        goto out;
+    }
+    /* Memory: every later allocation of the process comes from this node. */
+    if (hwloc_set_membind(topo, obj->nodeset, HWLOC_MEMBIND_BIND,
+                          HWLOC_MEMBIND_PROCESS | HWLOC_MEMBIND_BYNODESET) != 0) {
+        st = k3_errf(K3_ERR_IO, err, errlen,
+                     "hwloc: binding memory to NUMA node %d: %s (CPUs are bound)", node,
+                     strerror(errno));
+        goto out;
+    }
+    if (desc && desclen) {
+        char cpus[256];
+        hwloc_bitmap_list_snprintf(cpus, sizeof cpus, obj->cpuset);
+        snprintf(desc, desclen, "NUMA node %d of %d: cpus %s, memory bound", node, n_nodes, cpus);
+    }
+out:
+    hwloc_topology_destroy(topo);
+    return st;
+}
+
+#define BENCH_BLOCK (4u << 20) /* bytes per read: large enough to reach a drive's rate */
+
+/* Reads [0, want) of path; returns bytes read (0 on an empty file) or -1. */
+static long long read_file(const char *path, size_t want, void *buf, int *direct, char *err,
+                           size_t errlen) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    *direct = fd >= 0;
+    if (fd < 0 && errno == EINVAL) fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        k3_errf(K3_ERR_IO, err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (!*direct) posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED); /* best effort: cold-ish */
+    size_t done = 0;
+    while (done < want) {
+        size_t n = want - done < BENCH_BLOCK ? want - done : BENCH_BLOCK;
+        /* O_DIRECT wants a 4096-multiple length: round up, the file end cuts it */
+        size_t n_al = (n + 4095) & ~(size_t)4095;
+        ssize_t r = pread(fd, buf, n_al, (off_t)done);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && *direct && errno == EINVAL) { /* fs accepted the flag but not the I/O */
+            close(fd);
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+            *direct = 0;
+            if (fd < 0) break;
+            continue;
+        }
+        if (r < 0) {
+            k3_errf(K3_ERR_IO, err, errlen, "%s: read at %zu: %s", path, done, strerror(errno));
+            if (fd >= 0) close(fd);
+            return -1;
+        }
+        if (r == 0) break;
+        done += (size_t)r;
+    }
+    if (fd >= 0) close(fd);
+    return (long long)(done < want ? done : want);
+}
+
+k3_status wk_bench_read(const char *model_dir, const char *const *dirs, int n_dirs, int layer_a,
+                        int layer_b, size_t max_bytes, double *gbps, size_t *bytes_read,
+                        int *direct_used, char *err, size_t errlen) {
+    *gbps = 0;
+    *bytes_read = 0;
+    *direct_used = 0;
+    st_index *idx = NULL;
+    st_open_opts so = {model_dir, dirs, n_dirs};
+    k3_status st = st_open(&idx, &so, err, errlen);
+    if (st) return st;
+    /* The shards of our layers: look up tensors each layer has, under both
+     * name prefixes; with an index.json only their shards are opened. */
+    static const char *const prefixes[2] = {"language_model.", ""};
+    static const char *const suffixes[2] = {"input_layernorm.weight",
+                                            "block_sparse_moe.experts.0.w1.weight_packed"};
+    int n_shards = st_shard_count(idx);
+    unsigned char *mine = k3_xcalloc((size_t)(n_shards > 0 ? n_shards : 1), 1);
+    for (int l = layer_a; l < layer_b && !st; l++)
+        for (int p = 0; p < 2 && !st; p++)
+            for (int s = 0; s < 2 && !st; s++) {
+                char name[K3_ST_MAX_NAME];
+                snprintf(name, sizeof name, "%smodel.layers.%d.%s", prefixes[p], l, suffixes[s]);
+                const st_tensor *t = NULL;
+                st = st_find_opt(idx, name, &t, err, errlen);
+                if (!st && t && t->shard >= 0 && t->shard < n_shards) mine[t->shard] = 1;
+            }
+    void *buf = NULL;
+    if (!st && posix_memalign(&buf, 4096, BENCH_BLOCK) != 0) {
+        buf = NULL;
+        st = k3_errf(K3_ERR_NOMEM, err, errlen, "bench: cannot allocate %u bytes", BENCH_BLOCK);
+    }
+    double t0 = k3_now_s();
+    size_t total = 0;
+    int all_direct = 1, any = 0;
+    for (int s = 0; s < n_shards && !st && total < max_bytes; s++) {
+        if (!mine[s]) continue;
+        int direct = 0;
+        long long got = read_file(st_shard_path(idx, s), max_bytes - total, buf, &direct, err,
+                                  errlen);
+        if (got < 0) {
+            st = K3_ERR_IO;
+            break;
+        }
+        any = 1;
+        all_direct &= direct;
+        total += (size_t)got;
+    }
+    double dt = k3_now_s() - t0;
+    free(buf);
+    free(mine);
+    st_close(&idx);
+    if (st) return st;
+    if (!any)
+        return k3_errf(K3_ERR_MISSING, err, errlen,
+                       "bench: no shard holds layers [%d, %d) in %s", layer_a, layer_b, model_dir);
+    *bytes_read = total;
+    *direct_used = all_direct;
+    *gbps = dt > 0 ? (double)total / dt / 1e9 : 0;
+    return K3_OK;
+}

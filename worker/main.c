@@ -1,0 +1,338 @@
+/* worker/main.c: the k3-worker program.
+ *
+ *   k3-worker --model DIR --layers A-B --listen ENDPOINT [--dirs D1,D2]
+ *             [--numa N] [--expert-gb G] [--max-sessions N] [--threads N]
+ *             [--insecure | --curve-secret FILE --allow FILE]
+ *
+ * Order of start-up: options (one table: flags, K3_* variables, --help),
+ * the transport policy (a network tcp endpoint needs CURVE or --insecure,
+ * checked before anything is loaded), key files, NUMA pinning (before any
+ * thread or big allocation, so both land on the node), the model's layer
+ * range [A, B) without the global tensors (so the embedding / head shard is
+ * never opened), the drive benchmark, then the socket loop until SIGTERM,
+ * SIGINT or SHUTDOWN. Exit status: 0 after a clean stop, 1 on a start-up
+ * error (one line on stderr naming the cause), 2 on bad options.
+ */
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/config.h"
+#include "common/kernels.h"
+#include "common/limits.h"
+#include "common/log.h"
+#include "common/model.h"
+#include "common/opts.h"
+#include "proto/link.h"
+#include "worker/host.h"
+#include "worker/worker.h"
+
+typedef struct wopts {
+    char *model;
+    char *layers;
+    char *listen;
+    k3_opt_list dirs;
+    int numa;
+    double expert_gb;
+    int max_sessions;
+    int max_ctx;
+    int max_chunk;
+    int threads;
+    int insecure;
+    char *curve_secret;
+    char *allow;
+    int hb_ms;
+    int no_bench;
+    int bench_mb;
+    int bits, mla_bits, head_bits, idot, exact;
+    int direct, pipe, load_threads, max_layers;
+    double topp;
+    char *name;
+    char *fault;
+    int verbose;
+    int help;
+} wopts;
+
+#define O(f) offsetof(wopts, f)
+static const k3_opt table[] = {
+    {.name = "model", .flag = "--model", .env = "K3_MODEL", .type = K3_OPT_STRING,
+     .offset = O(model), .metavar = "DIR", .help = "model directory (config.json, index, shards)"},
+    {.name = "layers", .flag = "--layers", .type = K3_OPT_STRING, .offset = O(layers),
+     .metavar = "A-B", .help = "half-open layer range [A, B) this worker serves"},
+    {.name = "listen", .flag = "--listen", .type = K3_OPT_STRING, .offset = O(listen),
+     .metavar = "ENDPOINT", .help = "endpoint to bind: ipc://PATH or tcp://HOST:PORT"},
+    {.name = "dirs", .flag = "--dirs", .env = "K3_DIRS", .type = K3_OPT_LIST, .offset = O(dirs),
+     .max = K3_MAX_DIRS, .metavar = "D1,D2", .help = "extra shard directories (drives)"},
+    {.name = "numa", .flag = "--numa", .type = K3_OPT_INT, .offset = O(numa), .def = "-1",
+     .min = -1, .max = 1023, .metavar = "N",
+     .help = "pin CPUs and memory to NUMA node N (-1: no pinning)"},
+    {.name = "expert-gb", .flag = "--expert-gb", .env = "K3_EXPERT_GB", .type = K3_OPT_DOUBLE,
+     .offset = O(expert_gb), .def = "8", .min = 0, .max = 1e6, .metavar = "G",
+     .help = "routed-expert cache budget in GB"},
+    {.name = "max-sessions", .flag = "--max-sessions", .type = K3_OPT_INT,
+     .offset = O(max_sessions), .def = "16", .min = 1, .max = K3_MAX_SESSIONS, .metavar = "N",
+     .help = "session states held before the least recently used is evicted"},
+    {.name = "max-ctx", .flag = "--max-ctx", .env = "K3_MAXT", .type = K3_OPT_INT,
+     .offset = O(max_ctx), .def = "65536", .min = 1, .max = K3_MAX_CTX, .metavar = "N",
+     .help = "tokens per session (MLA cache grows on demand up to this)"},
+    {.name = "max-chunk", .flag = "--max-chunk", .type = K3_OPT_INT, .offset = O(max_chunk),
+     .def = "512", .min = 1, .max = K3_MAX_CHUNK, .metavar = "T",
+     .help = "largest chunk (tokens per step) accepted"},
+    {.name = "threads", .flag = "--threads", .env = "K3_THREADS", .type = K3_OPT_INT,
+     .offset = O(threads), .def = "0", .min = 0, .max = K3_MAX_THREADS, .metavar = "N",
+     .help = "compute threads (0: online CPUs, or the pinned node's)"},
+    {.name = "insecure", .flag = "--insecure", .type = K3_OPT_BOOL, .offset = O(insecure),
+     .help = "allow a plain tcp endpoint off loopback (no CURVE)"},
+    {.name = "curve-secret", .flag = "--curve-secret", .env = "K3_CURVE_SECRET",
+     .type = K3_OPT_STRING, .offset = O(curve_secret), .metavar = "FILE",
+     .help = "this worker's CURVE key pair (k3-coordinator keygen), mode 0600"},
+    {.name = "allow", .flag = "--allow", .env = "K3_CURVE_ALLOW", .type = K3_OPT_STRING,
+     .offset = O(allow), .metavar = "FILE",
+     .help = "coordinator public keys admitted (one per line); required with CURVE"},
+    {.name = "hb-ms", .flag = "--hb-ms", .env = "K3_HB_MS", .type = K3_OPT_INT,
+     .offset = O(hb_ms), .def = "1000", .min = 100, .max = 19000, .metavar = "MS",
+     .help = "heartbeat interval; peers are dead after 3 silent intervals"},
+    {.name = "no-bench", .flag = "--no-bench", .type = K3_OPT_BOOL, .offset = O(no_bench),
+     .help = "skip the drive read benchmark (HELLO_OK then reports 0 GB/s)"},
+    {.name = "bench-mb", .flag = "--bench-mb", .type = K3_OPT_INT, .offset = O(bench_mb),
+     .def = "64", .min = 1, .max = 65536, .metavar = "MB",
+     .help = "bytes of the worker's shards the drive benchmark reads"},
+    {.name = "bits", .flag = "--bits", .env = "K3_BITS", .type = K3_OPT_INT, .offset = O(bits),
+     .def = "4", .n_choices = 3, .choices = {4, 8, 32}, .metavar = "B",
+     .help = "dense weight bits (KDA, latent, shared, dense)"},
+    {.name = "mla-bits", .flag = "--mla-bits", .env = "K3_MLA_BITS", .type = K3_OPT_INT,
+     .offset = O(mla_bits), .def = "8", .n_choices = 3, .choices = {4, 8, 32}, .metavar = "B",
+     .help = "MLA projection bits"},
+    {.name = "head-bits", .flag = "--head-bits", .env = "K3_HEAD_BITS", .type = K3_OPT_INT,
+     .offset = O(head_bits), .def = "8", .n_choices = 3, .choices = {4, 8, 32}, .metavar = "B",
+     .help = "lm_head bits (unused by a worker, compared in HELLO)"},
+    {.name = "idot", .flag = "--idot", .env = "K3_IDOT", .type = K3_OPT_BOOL, .offset = O(idot),
+     .def = "1", .help = "int8-activation expert kernels"},
+    {.name = "exact", .flag = "--exact", .env = "K3_EXACT", .type = K3_OPT_BOOL,
+     .offset = O(exact), .help = "f32 everywhere and exact-float experts (bits 32, idot 0)"},
+    {.name = "direct", .flag = "--direct", .env = "K3_DIRECT", .type = K3_OPT_BOOL,
+     .offset = O(direct), .def = "1", .help = "O_DIRECT expert reads"},
+    {.name = "pipe", .env = "K3_PIPE", .type = K3_OPT_BOOL, .offset = O(pipe), .def = "1",
+     .help = "overlap expert loads with compute"},
+    {.name = "load-threads", .env = "K3_LOAD_THREADS", .type = K3_OPT_INT,
+     .offset = O(load_threads), .def = "4", .min = 1, .max = K3_MAX_LOAD_THREADS,
+     .help = "weight loading threads"},
+    {.name = "max-layers", .env = "K3_LAYERS", .type = K3_OPT_INT, .offset = O(max_layers),
+     .def = "0", .min = 0, .max = K3_MAX_LAYERS, .help = "truncate the stack (0: all layers)"},
+    {.name = "topp", .env = "K3_TOPP", .type = K3_OPT_DOUBLE, .offset = O(topp), .def = "0",
+     .min = 0, .max = 1, .help = "expert top-p pruning (0: off)"},
+    {.name = "name", .flag = "--name", .type = K3_OPT_STRING, .offset = O(name),
+     .metavar = "NAME", .help = "name in logs and errors (default HOST:PID)"},
+    {.name = "fault", .env = "K3_WORKER_FAULT", .type = K3_OPT_STRING, .offset = O(fault),
+     .help = "tests only: 'stall=N' stalls the N-th FORWARD forever, 'nozap' skips the ZAP "
+             "handler"},
+    {.name = "verbose", .flag = "--verbose", .short_flag = 'v', .type = K3_OPT_BOOL,
+     .offset = O(verbose), .help = "per-layer load progress"},
+    {.name = "help", .flag = "--help", .short_flag = 'h', .type = K3_OPT_BOOL, .offset = O(help),
+     .help = "this text"},
+};
+#undef O
+#define N_TABLE ((int)(sizeof table / sizeof table[0]))
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    g_stop = 1;
+}
+
+/* "A-B" -> [A, B) */
+static int parse_range(const char *s, int *a, int *b) {
+    char *end;
+    long x = strtol(s, &end, 10);
+    if (end == s || *end != '-') return -1;
+    const char *t = end + 1;
+    long y = strtol(t, &end, 10);
+    if (end == t || *end) return -1;
+    if (x < 0 || y <= x || y > K3_MAX_LAYERS) return -1;
+    *a = (int)x;
+    *b = (int)y;
+    return 0;
+}
+
+/* K3_WORKER_FAULT: "stall=N", "nozap" (comma-separated). */
+static int parse_fault(const char *s, wk_opts *w) {
+    if (!s) return 0;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+        if (!strcmp(tok, "nozap")) w->zap_off = 1;
+        else if (!strncmp(tok, "stall=", 6) && atoi(tok + 6) > 0) w->fault_stall_at = atoi(tok + 6);
+        else return -1;
+    }
+    return 0;
+}
+
+static int run(wopts *o) {
+    char err[1024];
+    int a, b;
+    if (!o->model || !o->layers || !o->listen) {
+        fprintf(stderr, "k3-worker: --model, --layers and --listen are required (see --help)\n");
+        return 2;
+    }
+    if (parse_range(o->layers, &a, &b)) {
+        fprintf(stderr, "k3-worker: --layers '%s': expected A-B with 0 <= A < B <= %d\n", o->layers,
+                K3_MAX_LAYERS);
+        return 2;
+    }
+    wk_opts w;
+    memset(&w, 0, sizeof w);
+    if (parse_fault(o->fault, &w)) {
+        fprintf(stderr, "k3-worker: K3_WORKER_FAULT='%s': expected stall=N or nozap\n", o->fault);
+        return 2;
+    }
+    /* transport policy first: refuse before loading anything */
+    w.curve = o->curve_secret != NULL;
+    if (w.curve && !o->allow) {
+        fprintf(stderr, "k3-worker: --curve-secret needs --allow FILE (coordinator public keys)\n");
+        return 2;
+    }
+    if (!w.curve && o->allow) {
+        fprintf(stderr, "k3-worker: --allow needs --curve-secret FILE\n");
+        return 2;
+    }
+    if (k3_link_endpoint_policy(o->listen, w.curve, o->insecure, "k3-worker --listen", err,
+                                sizeof err)) {
+        fprintf(stderr, "k3-worker: %s\n", err);
+        return 2;
+    }
+    k3_allow_list allow = {0};
+    if (w.curve) {
+        if (k3_link_secret_load(o->curve_secret, &w.kp, err, sizeof err) ||
+            k3_allow_list_load(o->allow, &allow, err, sizeof err)) {
+            fprintf(stderr, "k3-worker: %s\n", err);
+            return 1;
+        }
+        w.allow = &allow;
+        K3_INFO("CURVE server key %s; %d coordinator key(s) admitted", w.kp.public_z85, allow.n);
+    }
+
+    if (o->numa >= 0) {
+        char desc[512];
+        if (wk_pin_numa(o->numa, desc, sizeof desc, err, sizeof err))
+            K3_WARN("NUMA pinning failed, continuing unpinned: %s", err);
+        else
+            K3_INFO("pinned: %s", desc);
+    }
+
+    k3_model_opts mo;
+    k3_model_opts_default(&mo);
+    mo.model_dir = o->model;
+    mo.dirs = (const char *const *)o->dirs.items;
+    mo.n_dirs = o->dirs.n;
+    mo.layer_a = a;
+    mo.layer_b = b;
+    mo.want_global = 0; /* the embedding / head shard is the coordinator's */
+    mo.max_layers = o->max_layers;
+    mo.bits = o->exact ? 32 : o->bits;
+    mo.mla_bits = o->exact ? 32 : o->mla_bits;
+    mo.head_bits = o->exact ? 32 : o->head_bits;
+    mo.idot = o->exact ? 0 : o->idot;
+    mo.bits_explicit = getenv("K3_BITS") != NULL;
+    if (o->threads > 0) mo.threads = o->threads;
+    mo.expert_gb = o->expert_gb;
+    mo.direct = o->direct;
+    mo.pipe = o->pipe;
+    mo.load_threads = o->load_threads;
+    mo.topp = o->topp;
+    mo.verbose = o->verbose;
+    k3_model *m = NULL;
+    double t0 = k3_now_s();
+    if (k3_model_open(&m, &mo, err, sizeof err)) {
+        fprintf(stderr, "k3-worker: %s\n", err);
+        k3_allow_list_free(&allow);
+        return 1;
+    }
+    const k3_config *cfg = k3_model_config(m);
+    if (k3_link_fingerprint(o->model, cfg, o->topp, &w.fingerprint, err, sizeof err)) {
+        fprintf(stderr, "k3-worker: %s\n", err);
+        k3_model_close(&m);
+        k3_allow_list_free(&allow);
+        return 1;
+    }
+    k3_link_numerics(&mo, o->exact, &w.num);
+    K3_INFO("layers [%d, %d) of %d loaded in %.2f s (%.1f MB resident, %s kernels)", a, b,
+            cfg->n_layers, k3_now_s() - t0, (double)k3_model_resident_bytes(m) / 1e6,
+            k3_isa_name(k3_isa_active()));
+
+    if (!o->no_bench) {
+        size_t got = 0;
+        int direct = 0;
+        if (wk_bench_read(o->model, mo.dirs, mo.n_dirs, a, b, (size_t)o->bench_mb << 20,
+                          &w.read_gbps, &got, &direct, err, sizeof err))
+            K3_WARN("drive benchmark failed, reporting 0 GB/s: %s", err);
+        else
+            K3_INFO("drive benchmark: %.1f MB read at %.2f GB/s (%s)", (double)got / 1e6,
+                    w.read_gbps, direct ? "O_DIRECT" : "buffered: O_DIRECT refused");
+    }
+
+    w.listen = o->listen;
+    w.sock.hb_ms = o->hb_ms;
+    w.sock.linger_ms = 500; /* a SHUTDOWN's OK still leaves; SIGTERM stops within 2 s */
+    w.sock.handshake_ms = 5000;
+    w.max_sessions = o->max_sessions;
+    w.max_ctx = o->max_ctx;
+    w.max_chunk = o->max_chunk;
+    if (o->name) {
+        snprintf(w.name, sizeof w.name, "%s", o->name);
+    } else {
+        char host[128] = "?";
+        gethostname(host, sizeof host - 1);
+        snprintf(w.name, sizeof w.name, "%s:%d", host, (int)getpid());
+    }
+    int rc = 0;
+    if (wk_serve(m, &w, &g_stop, err, sizeof err)) {
+        fprintf(stderr, "k3-worker: %s\n", err);
+        rc = 1;
+    }
+    k3_model_close(&m);
+    k3_allow_list_free(&allow);
+    memset(&w.kp, 0, sizeof w.kp);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    k3_log_init("k3-worker");
+    /* no SA_RESTART: a blocking poll returns EINTR and the loop sees the flag */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    wopts o;
+    char err[512];
+    char **pos = calloc((size_t)argc + 1, sizeof *pos);
+    int npos = 0;
+    if (!pos) return 1;
+    k3_status st = k3_opts_parse(table, N_TABLE, &o, NULL, argc, argv, pos, &npos, err, sizeof err);
+    int rc;
+    if (st) {
+        fprintf(stderr, "k3-worker: %s\n", err);
+        rc = 2;
+    } else if (o.help) {
+        k3_opts_help(stdout,
+                     "usage: k3-worker --model DIR --layers A-B --listen ENDPOINT [options]\n"
+                     "Serves layers [A, B) of a Kimi K3 checkpoint to a k3-coordinator.",
+                     table, N_TABLE);
+        rc = 0;
+    } else if (npos) {
+        fprintf(stderr, "k3-worker: unexpected argument '%s' (see --help)\n", pos[0]);
+        rc = 2;
+    } else {
+        rc = run(&o);
+    }
+    k3_opts_free(table, N_TABLE, &o);
+    free(pos);
+    return rc;
+}
