@@ -1,64 +1,34 @@
-/* common/experts.c: expert tables (where each routed expert lives) and the
- * per-layer LRU of expert bytes. See experts.h for the contract.
+/* common/experts.c: expert tables (where each routed expert lives), the
+ * per-layer LRU of slots under a byte budget, and batches: the window of a
+ * step's experts that are pinned or being read. See experts.h for the
+ * contract; the read path and loader threads are in expert_io.c, the usage
+ * history in expert_usage.c.
  *
- * The read path is deliberately simple: a miss is read synchronously while
- * the layer's mutex is held (one pread per expert when its six tensors are
- * back to back, six otherwise). Prefetch and a read pipeline belong to the
- * streaming issue and replace only acquire's miss branch.
+ * The window: a batch admits its experts in order (disk order), each taking
+ * one slot: a hit pins the slot holding it, a miss takes a victim slot
+ * (empty first, then the least recently used unpinned one, preferring
+ * experts this batch does not need any more) and queues its read. At most
+ * n_slots experts of a batch are admitted and not yet put, so the memory in
+ * use never exceeds the budget; with one slot per layer there is no overlap
+ * (read, compute, read, ...), with s slots up to s-1 reads run while one
+ * expert computes.
+ *
+ * Not handled: two batches on the same layer at once share its slots and
+ * may wait on each other's unpins (always progressing: a batch that holds a
+ * slot has its next expert admitted); a read failed by one batch fails the
+ * other batches that joined the same slot while it was being read.
  */
-#include "experts.h"
+#include "experts_int.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
 
-#define EXP_ALIGN 4096 /* O_DIRECT alignment of buffer, offset and length */
-
-static const char *const part_name[K3_EXP_PARTS] = {"w1.weight_packed", "w1.weight_scale",
+const char *const k3_exp_part_name[K3_EXP_PARTS] = {"w1.weight_packed", "w1.weight_scale",
                                                     "w2.weight_packed", "w2.weight_scale",
                                                     "w3.weight_packed", "w3.weight_scale"};
-
-typedef struct exp_loc {
-    int shard[K3_EXP_PARTS];    /* shard index of each part */
-    uint64_t off[K3_EXP_PARTS]; /* absolute file offset of each part */
-    uint8_t present;            /* 0: absent from the checkpoint */
-    uint8_t contiguous;         /* 1: parts back to back in slot order, one shard */
-} exp_loc;
-
-typedef struct exp_slot {
-    int32_t expert;     /* expert held, -1 = empty */
-    int pins;           /* acquisitions not yet released */
-    uint64_t last_use;  /* layer clock at last acquisition (LRU) */
-    unsigned char *buf; /* owned, EXP_ALIGN-aligned, geom.total + 2*EXP_ALIGN */
-    size_t data_off;    /* the expert's first byte inside buf */
-} exp_slot;
-
-typedef struct exp_layer {
-    int loaded;       /* k3_experts_load_layer ran */
-    exp_loc *loc;     /* [n_experts] */
-    int32_t *order;   /* [n_experts] ids in disk order, missing last */
-    int32_t *slot_of; /* [n_experts] slot holding the expert, -1 none */
-    exp_slot *slots;  /* [n_slots] */
-    int n_slots;
-    uint64_t clock;     /* acquisitions so far (LRU time) */
-    int warned_scale;   /* a 0/255 scale byte was reported for this layer */
-    pthread_mutex_t mu; /* guards everything above except loc/order */
-    pthread_cond_t cv;  /* signalled when a slot is unpinned */
-} exp_layer;
-
-struct k3_experts {
-    st_index *idx; /* borrowed */
-    k3_config cfg; /* copy */
-    int layer_a, layer_b;
-    k3_expert_geom geom;
-    int direct;        /* try O_DIRECT reads */
-    exp_layer *layers; /* [layer_b - layer_a] */
-    pthread_mutex_t stats_mu;
-    k3_expert_stats totals;
-};
 
 void k3_expert_geom_init(k3_expert_geom *g, const k3_config *cfg) {
     uint64_t inter = (uint64_t)cfg->moe_inter, lat = (uint64_t)cfg->latent;
@@ -86,8 +56,26 @@ static void part_shape(const k3_config *cfg, int part, int64_t *rows, int64_t *c
     *cols = is_scale ? c / 32 : c / 2;
 }
 
+/* MemAvailable from /proc/meminfo in bytes, 0 when unknown. */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024u;
+}
+
 /* Only the slot tables are allocated here; slot buffers are allocated on
- * first use, so a budget larger than what a run touches costs nothing. */
+ * first read, so a budget larger than what a run touches costs nothing.
+ *
+ * Budget (spec 5 "Expert LRU", "RAM clamp"): slots per layer =
+ * budget / (n_moe * slot_bytes), clamped to [1, n_experts]. The slots may
+ * use at most 88% of the available memory: a larger budget is lowered, and
+ * when even one slot per layer does not fit the open fails, saying how much
+ * is needed. */
 k3_status k3_experts_open(k3_experts **out, st_index *idx, const k3_config *cfg, int layer_a,
                           int layer_b, const k3_experts_opts *opts, char *err, size_t errlen) {
     *out = NULL;
@@ -95,24 +83,55 @@ k3_status k3_experts_open(k3_experts **out, st_index *idx, const k3_config *cfg,
         return k3_errf(K3_ERR_ARG, err, errlen,
                        "expert store: layer range [%d, %d) outside [0, %d)", layer_a, layer_b,
                        cfg->n_layers);
+    int threads = opts->load_threads ? opts->load_threads : 4;
+    if (threads < 1 || threads > K3_MAX_LOAD_THREADS)
+        return k3_errf(K3_ERR_ARG, err, errlen, "expert store: %d load threads outside [1, %d]",
+                       threads, K3_MAX_LOAD_THREADS);
+    k3_expert_geom geom;
+    k3_expert_geom_init(&geom, cfg);
+    size_t slot_bytes = (size_t)geom.total + 2 * EXP_ALIGN;
+    slot_bytes = (slot_bytes + EXP_ALIGN - 1) & ~(size_t)(EXP_ALIGN - 1);
+
+    int n_moe = 0;
+    for (int i = layer_a; i < layer_b; i++) n_moe += cfg->is_moe[i] ? 1 : 0;
+    uint64_t avail = opts->mem_available ? opts->mem_available : mem_available();
+    uint64_t usable = (uint64_t)((double)avail * 0.88);
+    uint64_t floor_bytes = (uint64_t)n_moe * slot_bytes; /* one slot per MoE layer */
+    if (n_moe && avail && floor_bytes > usable)
+        return k3_errf(K3_ERR_LIMIT, err, errlen,
+                       "expert store: layers [%d, %d) need at least %.2f GB for experts (1 slot "
+                       "x %d MoE layers x %.2f MB per expert), but only %.2f GB is usable (88%% "
+                       "of %.2f GB MemAvailable); give this process fewer layers or free memory",
+                       layer_a, layer_b, (double)floor_bytes / 1e9, n_moe,
+                       (double)slot_bytes / 1e6, (double)usable / 1e9, (double)avail / 1e9);
+    size_t slots = n_moe ? opts->budget_bytes / ((size_t)n_moe * slot_bytes) : 0;
+    if (n_moe && slots < 1) {
+        K3_INFO("expert store: budget %.3f GB is below one slot per MoE layer; using the floor "
+                "of %.3f GB (%d layers x %.2f MB)",
+                (double)opts->budget_bytes / 1e9, (double)floor_bytes / 1e9, n_moe,
+                (double)slot_bytes / 1e6);
+        slots = 1;
+    }
+    if (slots > (size_t)cfg->n_experts) slots = (size_t)cfg->n_experts;
+    if (n_moe && avail && (uint64_t)slots * floor_bytes > usable) {
+        size_t fit = (size_t)(usable / floor_bytes);
+        K3_WARN("expert store: budget %.2f GB (%zu slots/layer) exceeds 88%% of MemAvailable "
+                "(%.2f GB); lowered to %zu slots/layer (%.2f GB)",
+                (double)opts->budget_bytes / 1e9, slots, (double)avail / 1e9, fit,
+                (double)fit * (double)floor_bytes / 1e9);
+        slots = fit;
+    }
+
     k3_experts *s = k3_xcalloc(1, sizeof *s);
     s->idx = idx;
     s->cfg = *cfg;
     s->layer_a = layer_a;
     s->layer_b = layer_b;
+    s->geom = geom;
+    s->slot_bytes = slot_bytes;
     s->direct = opts->direct;
-    k3_expert_geom_init(&s->geom, cfg);
+    s->pipe = opts->pipe;
     pthread_mutex_init(&s->stats_mu, NULL);
-
-    int n_moe = 0;
-    for (int i = layer_a; i < layer_b; i++) n_moe += cfg->is_moe[i] ? 1 : 0;
-    /* The budget is split evenly over the MoE layers; the floor is one slot
-     * per layer (experts are consumed one at a time), so any budget works. */
-    size_t per_layer = n_moe ? opts->budget_bytes / (size_t)n_moe : 0;
-    size_t slots = per_layer / (size_t)s->geom.total;
-    if (slots < 1) slots = 1;
-    if (slots > (size_t)cfg->n_experts) slots = (size_t)cfg->n_experts;
-
     s->layers = k3_xcalloc((size_t)(layer_b - layer_a), sizeof *s->layers);
     for (int i = layer_a; i < layer_b; i++) {
         exp_layer *L = &s->layers[i - layer_a];
@@ -123,22 +142,30 @@ k3_status k3_experts_open(k3_experts **out, st_index *idx, const k3_config *cfg,
         L->slots = k3_xcalloc(slots, sizeof *L->slots);
         for (size_t j = 0; j < slots; j++) L->slots[j].expert = -1;
     }
+    k3_status st = n_moe ? exp_loaders_start(s, threads, err, errlen) : K3_OK;
+    if (st != K3_OK) {
+        k3_experts_close(&s);
+        return st;
+    }
     *out = s;
     return K3_OK;
 }
 
-/* The caller guarantees no acquisition is outstanding (the model closes the
- * store after every session is done with it). */
+/* The caller guarantees no batch is open (the model closes the store after
+ * every session is done with it). */
 void k3_experts_close(k3_experts **sp) {
     if (!sp || !*sp) return;
     k3_experts *s = *sp;
+    exp_loaders_stop(s);
     for (int i = s->layer_a; i < s->layer_b; i++) {
         exp_layer *L = &s->layers[i - s->layer_a];
         for (int j = 0; j < L->n_slots; j++) free(L->slots[j].buf);
         free(L->slots);
         free(L->loc);
         free(L->order);
+        free(L->rank);
         free(L->slot_of);
+        free(L->usage);
         pthread_mutex_destroy(&L->mu);
         pthread_cond_destroy(&L->cv);
     }
@@ -149,7 +176,7 @@ void k3_experts_close(k3_experts **sp) {
 }
 
 /* The layer's entry, NULL outside the store's range. */
-static exp_layer *layer_of(const k3_experts *s, int layer) {
+exp_layer *exp_layer_of(const k3_experts *s, int layer) {
     if (layer < s->layer_a || layer >= s->layer_b) return NULL;
     return &s->layers[layer - s->layer_a];
 }
@@ -184,7 +211,7 @@ static void shape_str(const st_tensor *t, char *buf, size_t n) {
 
 k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, int *n_missing,
                                 char *err, size_t errlen) {
-    exp_layer *L = layer_of(s, layer);
+    exp_layer *L = exp_layer_of(s, layer);
     if (!L || !s->cfg.is_moe[layer])
         return k3_errf(K3_ERR_ARG, err, errlen,
                        "expert store: layer %d is not a MoE layer of [%d, %d)", layer, s->layer_a,
@@ -194,6 +221,8 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
     L->loc = k3_xcalloc((size_t)E, sizeof *L->loc);
     L->order = k3_xcalloc((size_t)E, sizeof *L->order);
     L->slot_of = k3_xcalloc((size_t)E, sizeof *L->slot_of);
+    L->rank = k3_xcalloc((size_t)E, sizeof *L->rank);
+    L->usage = k3_xcalloc((size_t)E, sizeof *L->usage);
     order_key *keys = k3_xcalloc((size_t)E, sizeof *keys);
     int missing = 0, n_keys = 0;
     k3_status st = K3_OK;
@@ -206,7 +235,7 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
         for (int p = 0; p < K3_EXP_PARTS; p++) {
             char name[K3_ST_MAX_NAME];
             snprintf(name, sizeof name, "%smodel.layers.%d.block_sparse_moe.experts.%d.%s", prefix,
-                     layer, e, part_name[p]);
+                     layer, e, k3_exp_part_name[p]);
             st = st_find_opt(s->idx, name, &t[p], err, errlen);
             if (st != K3_OK) break;
             present += t[p] != NULL;
@@ -222,7 +251,7 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
             if (!t[p]) {
                 st = k3_errf(K3_ERR_MISSING, err, errlen,
                              "layer %d expert %d: tensor %s is missing (%d of 6 parts present)",
-                             layer, e, part_name[p], present);
+                             layer, e, k3_exp_part_name[p], present);
                 break;
             }
             int64_t rows, cols;
@@ -232,7 +261,7 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
             if (t[p]->dtype != ST_U8) {
                 st = k3_errf(K3_ERR_FORMAT, err, errlen,
                              "layer %d expert %d: %s has dtype %s, expected U8", layer, e,
-                             part_name[p], st_dtype_name(t[p]->dtype));
+                             k3_exp_part_name[p], st_dtype_name(t[p]->dtype));
                 break;
             }
             /* the byte size is what the kernels rely on: check it first so
@@ -241,7 +270,7 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
                 st = k3_errf(K3_ERR_MISMATCH, err, errlen,
                              "layer %d expert %d: %s is %llu bytes (shape %s), expected %llu "
                              "([%lld, %lld] from moe_intermediate_size %d, latent %d)",
-                             layer, e, part_name[p], (unsigned long long)t[p]->nbytes, shp,
+                             layer, e, k3_exp_part_name[p], (unsigned long long)t[p]->nbytes, shp,
                              (unsigned long long)s->geom.bytes[p], (long long)rows, (long long)cols,
                              s->cfg.moe_inter, s->cfg.latent);
                 break;
@@ -249,7 +278,7 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
             if (t[p]->rank != 2 || t[p]->shape[0] != rows || t[p]->shape[1] != cols) {
                 st = k3_errf(K3_ERR_MISMATCH, err, errlen,
                              "layer %d expert %d: %s has shape %s, expected [%lld, %lld]", layer, e,
-                             part_name[p], shp, (long long)rows, (long long)cols);
+                             k3_exp_part_name[p], shp, (long long)rows, (long long)cols);
                 break;
             }
             loc->shard[p] = t[p]->shard;
@@ -275,6 +304,7 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
         for (int i = 0; i < n_keys; i++) L->order[k++] = keys[i].id;
         for (int e = 0; e < E; e++)
             if (!L->loc[e].present) L->order[k++] = e;
+        for (int r = 0; r < E; r++) L->rank[L->order[r]] = r;
         if (missing)
             K3_WARN("layer %d: %d of %d experts absent from the checkpoint (a run fails if one is "
                     "selected)",
@@ -286,13 +316,15 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
     return st;
 }
 
+size_t k3_experts_slot_bytes(const k3_experts *s) { return s->slot_bytes; }
+
 int k3_experts_slots(const k3_experts *s, int layer) {
-    exp_layer *L = layer_of(s, layer);
+    exp_layer *L = exp_layer_of(s, layer);
     return L ? L->n_slots : 0;
 }
 
 int k3_experts_disk_order(const k3_experts *s, int layer, const uint8_t *selected, int32_t *ids) {
-    exp_layer *L = layer_of(s, layer);
+    exp_layer *L = exp_layer_of(s, layer);
     K3_ASSERT(L && L->loaded);
     int n = 0;
     for (int r = 0; r < s->cfg.n_experts; r++)
@@ -300,82 +332,25 @@ int k3_experts_disk_order(const k3_experts *s, int layer, const uint8_t *selecte
     return n;
 }
 
-/* ---- reads ---- */
+/* ---- views ---- */
 
-/* Reads [off, off+len) of a shard into slot memory. With O_DIRECT the read is
- * widened to 4096-byte boundaries (buf has room) and *data_off says where
- * the wanted bytes start; the buffered fd is used when the shard has no
- * O_DIRECT fd or the widened range would pass the end of the file. */
-static k3_status read_span(k3_experts *s, int shard, uint64_t off, size_t len, unsigned char *buf,
-                           size_t *data_off, char *err, size_t errlen) {
-    if (s->direct && st_shard_fd(s->idx, shard, 1) >= 0) {
-        uint64_t a = off & ~(uint64_t)(EXP_ALIGN - 1);
-        uint64_t end = (off + len + EXP_ALIGN - 1) & ~(uint64_t)(EXP_ALIGN - 1);
-        if (end <= st_shard_size(s->idx, shard)) {
-            k3_status st = st_pread(s->idx, shard, a, buf, (size_t)(end - a), 1, err, errlen);
-            if (st == K3_OK) {
-                *data_off = (size_t)(off - a);
-                return K3_OK;
-            }
-            /* Some filesystems refuse O_DIRECT at read time; a real EIO
-             * shows again on the buffered retry below. */
-        }
-    }
-    *data_off = 0;
-    return st_pread(s->idx, shard, off, buf, len, 0, err, errlen);
-}
-
-/* Reads expert e into slot (allocating its buffer on first use). Errors
- * name the layer, the expert, the part and the shard file. */
-static k3_status read_expert(k3_experts *s, int layer, int32_t e, const exp_loc *loc,
-                             exp_slot *slot, char *err, size_t errlen) {
-    if (!slot->buf) {
-        size_t n = (size_t)s->geom.total + 2 * EXP_ALIGN;
-        void *p = NULL;
-        if (posix_memalign(&p, EXP_ALIGN, n) != 0)
-            return k3_errf(K3_ERR_NOMEM, err, errlen,
-                           "layer %d expert %d: cannot allocate a %zu-byte slot", layer, e, n);
-        slot->buf = p;
-    }
-    k3_status st;
-    if (loc->contiguous) {
-        st = read_span(s, loc->shard[0], loc->off[0], (size_t)s->geom.total, slot->buf,
-                       &slot->data_off, err, errlen);
-        if (st != K3_OK)
-            k3_err_prefix(err, errlen, "layer %d expert %d (shard %s)", layer, e,
-                          st_shard_name(s->idx, loc->shard[0]));
-        return st;
-    }
-    slot->data_off = 0;
-    for (int p = 0; p < K3_EXP_PARTS; p++) {
-        st = st_pread(s->idx, loc->shard[p], loc->off[p], slot->buf + s->geom.layout_off[p],
-                      (size_t)s->geom.bytes[p], 0, err, errlen);
-        if (st != K3_OK) {
-            k3_err_prefix(err, errlen, "layer %d expert %d %s (shard %s)", layer, e, part_name[p],
-                          st_shard_name(s->idx, loc->shard[p]));
-            return st;
-        }
-    }
-    return K3_OK;
-}
-
-/* Points a view at the six parts inside a slot (slot layout order). */
 /* Spec 8.4: scale bytes 0 and 255 decode to +0 and +inf; real shards are
- * not known to hold them. They are flagged once per layer, not refused. */
-static void check_scales(k3_experts *s, exp_layer *L, int layer, int32_t e, const exp_slot *slot) {
-    if (L->warned_scale) return;
+ * not known to hold them. The first one is found by the loader (outside
+ * any lock) and reported once per layer, not refused. Returns 1 and where
+ * when one is found. */
+static int scan_scales(const k3_experts *s, const exp_slot *slot, int *part, uint64_t *at,
+                       int *val) {
     const unsigned char *b = slot->buf + slot->data_off;
     static const int parts[3] = {K3_EXP_W1S, K3_EXP_W2S, K3_EXP_W3S};
     for (int k = 0; k < 3; k++) {
         const unsigned char *p = b + s->geom.layout_off[parts[k]];
         for (uint64_t i = 0; i < s->geom.bytes[parts[k]]; i++)
             if (p[i] == 0 || p[i] == 255) {
-                K3_WARN("layer %d expert %d: %s byte %llu is %d (decoded as %s; spec 8.4)", layer,
-                        e, part_name[parts[k]], (unsigned long long)i, p[i], p[i] ? "+inf" : "+0");
-                L->warned_scale = 1;
-                return;
+                *part = parts[k], *at = i, *val = p[i];
+                return 1;
             }
     }
+    return 0;
 }
 
 static void fill_view(const k3_experts *s, const exp_slot *slot, int32_t e, k3_expert_view *v) {
@@ -390,129 +365,238 @@ static void fill_view(const k3_experts *s, const exp_slot *slot, int32_t e, k3_e
                        s->cfg.moe_inter, s->cfg.latent};
 }
 
-static int in_list(const int32_t *ids, int n, int32_t e) {
-    for (int i = 0; i < n; i++)
-        if (ids[i] == e) return 1;
-    return 0;
+/* ---- batches ---- */
+
+/* Victim slot for a miss of a batch: an unpinned slot, empty first, then
+ * the least recently used one holding an expert the batch does not need
+ * any more, then the least recently used of the rest. -1 when every slot
+ * is pinned. Unpinned slots are never LOADING (the reading batch pins it)
+ * nor FAILED (reset on the last unpin). Caller holds L->mu. */
+static int pick_victim(const exp_layer *L, const uint8_t *wanted) {
+    int best = -1, best_class = 3;
+    uint64_t best_t = 0;
+    for (int j = 0; j < L->n_slots; j++) {
+        const exp_slot *sl = &L->slots[j];
+        if (sl->pins) continue;
+        int cls = sl->expert < 0 ? 0 : wanted[sl->expert] ? 2 : 1;
+        if (cls < best_class || (cls == best_class && sl->last_use < best_t)) {
+            best = j, best_class = cls, best_t = sl->last_use;
+        }
+    }
+    return best;
 }
 
-/* Arguments are checked before the lock: an id out of range or an absent
- * expert fails without touching the cache. Under the lock: wait for enough
- * unpinned slots, pin the hits, then read the misses into LRU victims. */
-k3_status k3_experts_acquire(k3_experts *s, int layer, const int32_t *ids, int n,
-                             k3_expert_view *views, k3_expert_stats *stats, char *err,
-                             size_t errlen) {
-    exp_layer *L = layer_of(s, layer);
-    if (!L || !L->loaded)
-        return k3_errf(K3_ERR_ARG, err, errlen, "expert store: layer %d has no expert table",
-                       layer);
-    if (n < 0 || n > L->n_slots)
-        return k3_errf(K3_ERR_ARG, err, errlen, "layer %d: %d experts asked at once, %d slots",
-                       layer, n, L->n_slots);
-    for (int i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= s->cfg.n_experts)
-            return k3_errf(K3_ERR_ARG, err, errlen, "layer %d: expert id %d outside [0, %d)", layer,
-                           ids[i], s->cfg.n_experts);
-        if (!L->loc[ids[i]].present)
-            return k3_errf(
-                K3_ERR_MISSING, err, errlen,
-                "layer %d expert %d: selected by the router but absent from the checkpoint", layer,
-                ids[i]);
+static void unpin(exp_layer *L, int j) {
+    exp_slot *sl = &L->slots[j];
+    K3_ASSERT(sl->pins > 0);
+    if (--sl->pins == 0 && sl->state == EXP_SLOT_FAILED) {
+        sl->expert = -1; /* slot_of was cleared when the read failed */
+        sl->state = EXP_SLOT_EMPTY;
     }
-    k3_expert_stats local = {0};
-    double t0 = k3_now_ms();
-    pthread_mutex_lock(&L->mu);
-    /* All or nothing: wait until every miss can get an unpinned slot that
-     * holds none of the requested experts. */
-    for (;;) {
-        int need = 0, avail = 0;
-        for (int i = 0; i < n; i++) need += L->slot_of[ids[i]] < 0;
-        for (int j = 0; j < L->n_slots; j++) {
-            exp_slot *sl = &L->slots[j];
-            if (sl->pins == 0 && (sl->expert < 0 || !in_list(ids, n, sl->expert))) avail++;
-        }
-        if (need <= avail) break;
-        pthread_cond_wait(&L->cv, &L->mu);
-    }
-    /* Hits first, so a miss below never evicts an expert of this request. */
-    uint8_t *pinned = k3_xcalloc((size_t)(n ? n : 1), 1); /* pinned by this call */
-    for (int i = 0; i < n; i++) {
-        int j = L->slot_of[ids[i]];
-        if (j < 0) continue;
-        L->slots[j].pins++;
-        L->slots[j].last_use = ++L->clock;
-        fill_view(s, &L->slots[j], ids[i], &views[i]);
-        pinned[i] = 1;
-        local.hits++;
-    }
-    k3_status st = K3_OK;
-    for (int i = 0; i < n && st == K3_OK; i++) {
-        if (pinned[i]) continue;
-        /* victim: an empty slot, else the least recently used unpinned one */
-        int v = -1;
-        for (int j = 0; j < L->n_slots; j++) {
-            exp_slot *sl = &L->slots[j];
-            if (sl->pins) continue;
-            if (sl->expert < 0) {
-                v = j;
-                break;
-            }
-            if (v < 0 || sl->last_use < L->slots[v].last_use) v = j;
-        }
-        K3_ASSERT(v >= 0); /* guaranteed by the wait above */
-        exp_slot *sl = &L->slots[v];
-        if (sl->expert >= 0) L->slot_of[sl->expert] = -1;
-        sl->expert = -1;
-        st = read_expert(s, layer, ids[i], &L->loc[ids[i]], sl, err, errlen);
-        if (st != K3_OK) break; /* the slot stays empty */
-        check_scales(s, L, layer, ids[i], sl);
-        sl->expert = ids[i];
-        sl->pins = 1;
-        sl->last_use = ++L->clock;
-        L->slot_of[ids[i]] = v;
-        fill_view(s, sl, ids[i], &views[i]);
-        pinned[i] = 1;
-        local.misses++;
-        local.bytes += s->geom.total;
-    }
-    if (st != K3_OK) {
-        for (int i = 0; i < n; i++)
-            if (pinned[i]) L->slots[L->slot_of[ids[i]]].pins--;
-        pthread_cond_broadcast(&L->cv);
-    }
-    free(pinned);
-    pthread_mutex_unlock(&L->mu);
-    /* counters: the caller's step stats and the store's totals */
-    local.read_ms = k3_now_ms() - t0;
-    if (stats) {
-        stats->hits += local.hits;
-        stats->misses += local.misses;
-        stats->bytes += local.bytes;
-        stats->read_ms += local.read_ms;
-    }
-    pthread_mutex_lock(&s->stats_mu);
-    s->totals.hits += local.hits;
-    s->totals.misses += local.misses;
-    s->totals.bytes += local.bytes;
-    s->totals.read_ms += local.read_ms;
-    pthread_mutex_unlock(&s->stats_mu);
-    return st;
 }
 
-/* Releasing something not acquired is a bug in the caller: asserted. */
-void k3_experts_release(k3_experts *s, int layer, const int32_t *ids, int n) {
-    exp_layer *L = layer_of(s, layer);
-    K3_ASSERT(L && L->loaded);
-    pthread_mutex_lock(&L->mu);
-    for (int i = 0; i < n; i++) {
-        K3_ASSERT(ids[i] >= 0 && ids[i] < s->cfg.n_experts);
-        int j = L->slot_of[ids[i]];
-        K3_ASSERT(j >= 0 && L->slots[j].pins > 0);
-        L->slots[j].pins--;
+/* Admits the batch's next experts while it holds fewer than n_slots: a hit
+ * pins its slot, a miss takes a victim and queues its read (disk order is
+ * the admission order). With K3_PIPE=0 a new block is admitted only when
+ * the previous one is all put, and get waits for the whole block. Caller
+ * holds L->mu. */
+static void admit(k3_expert_batch *b) {
+    exp_layer *L = b->L;
+    k3_experts *s = b->s;
+    if (!s->pipe && b->held > 0) return;
+    while (b->next_admit < b->n && b->held < L->n_slots) {
+        exp_item *it = &b->items[b->next_admit];
+        int j = L->slot_of[it->id];
+        if (j >= 0) {
+            /* a hit, possibly still being read for another batch: get
+             * waits for its state like for our own reads */
+            L->slots[j].pins++;
+            L->slots[j].last_use = ++L->clock;
+            it->slot = j;
+            b->st.hits++;
+        } else {
+            int v = pick_victim(L, b->wanted);
+            if (v < 0) break; /* other batches hold every slot: retried on their unpins */
+            exp_slot *sl = &L->slots[v];
+            if (sl->expert >= 0) L->slot_of[sl->expert] = -1;
+            sl->expert = it->id;
+            sl->state = EXP_SLOT_LOADING;
+            sl->pins = 1;
+            sl->last_use = ++L->clock;
+            L->slot_of[it->id] = v;
+            it->slot = v;
+            it->miss = 1;
+            it->reading = 1;
+            if (b->reads_in_flight++ == 0) b->io_t0 = k3_now_ms();
+            exp_advise(s, &L->loc[it->id]);
+            exp_queue_read(s, it);
+        }
+        L->usage[it->id]++;
+        b->held++;
+        b->next_admit++;
     }
+}
+
+void exp_read_done(exp_item *it, k3_status st, double t0_ms, double t1_ms) {
+    k3_expert_batch *b = it->b;
+    k3_experts *s = b->s;
+    exp_layer *L = b->L;
+    exp_slot *sl = &L->slots[it->slot];
+    int part = 0, val = 0, bad = 0;
+    uint64_t at = 0;
+    if (st == K3_OK) bad = scan_scales(s, sl, &part, &at, &val);
+    pthread_mutex_lock(&L->mu);
+    it->st = st;
+    it->reading = 0;
+    if (st == K3_OK) {
+        sl->state = EXP_SLOT_READY;
+        b->st.misses++;
+        b->st.bytes += s->geom.total;
+    } else {
+        sl->state = EXP_SLOT_FAILED; /* emptied when its last pin goes */
+        L->slot_of[it->id] = -1;
+    }
+    if (bad && !L->warned_scale) {
+        L->warned_scale = 1;
+        K3_WARN("layer %d expert %d: %s byte %llu is %d (decoded as %s; spec 8.4)", b->layer,
+                it->id, k3_exp_part_name[part], (unsigned long long)at, val,
+                val ? "+inf" : "+0");
+    }
+    b->st.busy_ms += t1_ms - t0_ms;
+    if (--b->reads_in_flight == 0) b->st.io_ms += t1_ms - b->io_t0;
     pthread_cond_broadcast(&L->cv);
     pthread_mutex_unlock(&L->mu);
 }
+
+k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer,
+                                const int32_t *ids, int n, k3_expert_stats *stats, char *err,
+                                size_t errlen) {
+    *out = NULL;
+    exp_layer *L = s ? exp_layer_of(s, layer) : NULL;
+    if (!L || !L->loaded)
+        return k3_errf(K3_ERR_ARG, err, errlen, "expert store: layer %d has no expert table",
+                       layer);
+    int E = s->cfg.n_experts;
+    if (n < 0 || n > E)
+        return k3_errf(K3_ERR_ARG, err, errlen, "layer %d: batch of %d experts outside [0, %d]",
+                       layer, n, E);
+    uint8_t *wanted = k3_xcalloc((size_t)E, 1);
+    for (int i = 0; i < n; i++) {
+        k3_status st = K3_OK;
+        if (ids[i] < 0 || ids[i] >= E)
+            st = k3_errf(K3_ERR_ARG, err, errlen, "layer %d: expert id %d outside [0, %d)", layer,
+                         ids[i], E);
+        else if (wanted[ids[i]])
+            st = k3_errf(K3_ERR_ARG, err, errlen, "layer %d: expert %d twice in one batch", layer,
+                         ids[i]);
+        else if (!L->loc[ids[i]].present)
+            st = k3_errf(
+                K3_ERR_MISSING, err, errlen,
+                "layer %d expert %d: selected by the router but absent from the checkpoint",
+                layer, ids[i]);
+        if (st != K3_OK) {
+            free(wanted);
+            return st;
+        }
+        wanted[ids[i]] = 1;
+    }
+    k3_expert_batch *b = k3_xcalloc(1, sizeof *b);
+    b->s = s;
+    b->L = L;
+    b->layer = layer;
+    b->n = n;
+    b->wanted = wanted;
+    b->out = stats;
+    b->items = k3_xcalloc((size_t)(n ? n : 1), sizeof *b->items);
+    for (int i = 0; i < n; i++) {
+        b->items[i].id = ids[i];
+        b->items[i].slot = -1;
+        b->items[i].b = b;
+    }
+    pthread_mutex_lock(&L->mu);
+    admit(b);
+    pthread_mutex_unlock(&L->mu);
+    *out = b;
+    return K3_OK;
+}
+
+k3_status k3_experts_batch_get(k3_expert_batch *b, int i, k3_expert_view *view, char *err,
+                               size_t errlen) {
+    K3_ASSERT(b && i == b->next_get && i < b->n);
+    exp_layer *L = b->L;
+    exp_item *it = &b->items[i];
+    double t0 = k3_now_ms();
+    pthread_mutex_lock(&L->mu);
+    for (;;) {
+        admit(b);
+        if (it->slot >= 0 && L->slots[it->slot].state != EXP_SLOT_LOADING &&
+            (b->s->pipe || b->reads_in_flight == 0))
+            break;
+        pthread_cond_wait(&L->cv, &L->mu);
+    }
+    b->st.read_ms += k3_now_ms() - t0;
+    exp_slot *sl = &L->slots[it->slot];
+    k3_status st = K3_OK;
+    if (it->miss && it->st != K3_OK) {
+        st = it->st;
+        k3_errf(st, err, errlen, "%s", it->err);
+    } else if (sl->state != EXP_SLOT_READY) {
+        st = k3_errf(K3_ERR_IO, err, errlen,
+                     "layer %d expert %d: the read started by a concurrent request failed",
+                     b->layer, it->id);
+    } else {
+        fill_view(b->s, sl, it->id, view);
+        b->next_get++;
+    }
+    pthread_mutex_unlock(&L->mu);
+    return st;
+}
+
+void k3_experts_batch_put(k3_expert_batch *b, int i) {
+    exp_layer *L = b->L;
+    exp_item *it = &b->items[i];
+    pthread_mutex_lock(&L->mu);
+    K3_ASSERT(i < b->next_get && it->slot >= 0 && !it->put);
+    unpin(L, it->slot);
+    it->put = 1;
+    b->held--;
+    b->wanted[it->id] = 0;
+    admit(b);
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+}
+
+void k3_experts_batch_close(k3_expert_batch **bp) {
+    if (!bp || !*bp) return;
+    k3_expert_batch *b = *bp;
+    exp_layer *L = b->L;
+    k3_experts *s = b->s;
+    pthread_mutex_lock(&L->mu);
+    /* the loaders write into our items and slots until they are done */
+    while (b->reads_in_flight) pthread_cond_wait(&L->cv, &L->mu);
+    for (int i = 0; i < b->next_admit; i++)
+        if (!b->items[i].put) unpin(L, b->items[i].slot);
+    pthread_cond_broadcast(&L->cv);
+    pthread_mutex_unlock(&L->mu);
+    k3_expert_stats *o[2] = {b->out, &s->totals};
+    pthread_mutex_lock(&s->stats_mu);
+    for (int k = 0; k < 2; k++) {
+        if (!o[k]) continue;
+        o[k]->hits += b->st.hits;
+        o[k]->misses += b->st.misses;
+        o[k]->bytes += b->st.bytes;
+        o[k]->read_ms += b->st.read_ms;
+        o[k]->io_ms += b->st.io_ms;
+        o[k]->busy_ms += b->st.busy_ms;
+    }
+    pthread_mutex_unlock(&s->stats_mu);
+    free(b->items);
+    free(b->wanted);
+    free(b);
+    *bp = NULL;
+}
+
+/* ---- totals ---- */
 
 void k3_experts_totals(k3_experts *s, k3_expert_stats *out) {
     pthread_mutex_lock(&s->stats_mu);
@@ -526,7 +610,7 @@ size_t k3_experts_resident_bytes(k3_experts *s) {
         exp_layer *L = &s->layers[i - s->layer_a];
         pthread_mutex_lock(&L->mu);
         for (int j = 0; j < L->n_slots; j++)
-            if (L->slots[j].buf) total += (size_t)s->geom.total + 2 * EXP_ALIGN;
+            if (L->slots[j].buf) total += s->slot_bytes;
         pthread_mutex_unlock(&L->mu);
     }
     return total;

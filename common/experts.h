@@ -1,27 +1,24 @@
 /* common/experts.h: the ONE interface through which the layers reach the
- * routed MXFP4 experts (spec 4.1): where each expert lives on disk, and a
- * per-layer cache of their bytes.
+ * routed MXFP4 experts (spec 4.1, 5): where each expert lives on disk, and a
+ * per-layer cache of their bytes streamed from the shards.
  *
  * Owns: per MoE layer of a range, the expert table (for every expert its six
  * tensors w1p, w1s, w2p, w2s, w3p, w3s: shard, absolute offset, validated
  * dtype U8 and exact byte sizes; whether they lie back to back so one read
- * fetches the expert; the disk order (shard name, offset)) and an LRU of slot
- * buffers with a byte budget (K3_EXPERT_GB, split evenly over the range's MoE
- * layers, at least one slot per layer). Slots in use are pinned and never
- * evicted. Statistics: hits, misses, bytes read, read time.
- * Borrows: the safetensors index (owned by the model), read through st_pread.
- * Threads: every function may be called from any thread; each layer has its
- * own mutex (held across a miss's read) and a condition variable for callers
- * waiting on a pinned slot. A caller holds at most one acquisition per layer
- * at a time and asks for at most k3_experts_slots() experts in it; that rule
- * makes waiting deadlock-free (acquisitions are all-or-nothing).
- *
- * The streaming issue replaces the read path (prefetch, O_DIRECT pipeline)
- * behind these same functions; the layers never see how bytes arrive.
+ * fetches the expert; the disk order (shard name, offset)); an LRU of slot
+ * buffers with a byte budget (K3_EXPERT_GB split evenly over the range's MoE
+ * layers, at least one slot per layer, checked against MemAvailable); the
+ * loader threads (K3_LOAD_THREADS) that read misses; the usage history
+ * (K3_USAGE, <model>/.k3_usage); statistics.
+ * Borrows: the safetensors index (owned by the model), read through st_pread
+ * on each shard's own fds (a shard on another --dirs drive reads there).
+ * Threads: every function may be called from any thread; each layer has one
+ * mutex and one condition variable (slot state changes, unpins). A batch is
+ * used by one thread at a time. Reads run on the loader threads without the
+ * layer lock, so expert j computes while j+1.. load (K3_PIPE).
  */
 #ifndef K3_EXPERTS_H
 #define K3_EXPERTS_H
-
 #include <stddef.h>
 #include <stdint.h>
 
@@ -52,23 +49,33 @@ typedef struct k3_expert_view {
 } k3_expert_view;
 
 typedef struct k3_expert_stats {
-    uint64_t hits;   /* acquisitions served from a slot */
-    uint64_t misses; /* acquisitions that read from disk */
-    uint64_t bytes;  /* bytes read from disk */
-    double read_ms;  /* wall time spent reading (including waits on slots) */
+    uint64_t hits;   /* experts served from a slot */
+    uint64_t misses; /* experts read from disk */
+    uint64_t bytes;  /* bytes read from disk (whole expert, alignment padding excluded) */
+    double read_ms;  /* wall time the consumer waited for reads (stage: "read") */
+    double io_ms;    /* wall time with at least one read of a batch in flight */
+    double busy_ms;  /* read time summed over loader threads */
 } k3_expert_stats;
 
 typedef struct k3_experts k3_experts;
 
 typedef struct k3_experts_opts {
-    size_t budget_bytes; /* total slot budget over all MoE layers of the range */
-    int direct;          /* 1: O_DIRECT reads where the shard allows them */
+    size_t budget_bytes;    /* total slot budget over all MoE layers of the range */
+    int direct;             /* 1: O_DIRECT reads where the shard allows them (K3_DIRECT) */
+    int pipe;               /* 1: expert j computes while j+1.. load (K3_PIPE);
+                               0: a window's misses are all read before the first is used */
+    int load_threads;       /* loader threads, 1..K3_MAX_LOAD_THREADS; 0 = 4 */
+    uint64_t mem_available; /* bytes of RAM the slots may use; 0 = MemAvailable */
 } k3_experts_opts;
 
 /* Opens an empty store for layers [layer_a, layer_b) of cfg (copied). Tables
- * are filled per layer by k3_experts_load_layer. idx is borrowed. */
+ * are filled per layer by k3_experts_load_layer. idx is borrowed. Fails with
+ * K3_ERR_LIMIT naming the bytes needed when not even one slot per MoE layer
+ * fits the available memory; a budget above what fits is lowered (warned),
+ * a budget below the one-slot floor is raised to it (warned). */
 k3_status k3_experts_open(k3_experts **out, st_index *idx, const k3_config *cfg, int layer_a,
                           int layer_b, const k3_experts_opts *opts, char *err, size_t errlen);
+/* Waits for the loader threads to stop. No batch may be open. */
 void k3_experts_close(k3_experts **s);
 
 /* Looks up and validates the experts of MoE layer `layer`: names
@@ -77,34 +84,76 @@ void k3_experts_close(k3_experts **s);
  * the expert and both sizes; an expert with all six tensors absent only warns
  * (*n_missing counts them) and fails when selected; a partially present
  * expert is an error. Also computes the disk order. Call once per MoE layer,
- * before any acquisition on it. */
+ * before any batch on it. */
 k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, int *n_missing,
                                 char *err, size_t errlen);
 
-/* Slots of a layer (how many experts one acquisition may pin). */
+/* Slots of a layer (the most experts one batch holds at once). */
 int k3_experts_slots(const k3_experts *s, int layer);
+/* Bytes of one slot buffer (an expert plus O_DIRECT alignment room). */
+size_t k3_experts_slot_bytes(const k3_experts *s);
 
 /* The ids flagged in selected [n_experts] (nonzero = selected), written to
  * ids in disk order (shard file name, then offset; missing experts last,
  * by id). Returns the count. */
 int k3_experts_disk_order(const k3_experts *s, int layer, const uint8_t *selected, int32_t *ids);
 
-/* Pins the n experts ids[] (distinct, n <= k3_experts_slots) of `layer`,
- * reading the missing ones (one pread per expert when its six tensors are
- * contiguous), and fills views[n]. Waits while too few slots are unpinned.
+/* ---- batches: one MoE step's experts, streamed ----
+ *
+ * A batch takes the n distinct experts of a step in the order they will be
+ * used (disk order), admits them into slots as a window of at most
+ * k3_experts_slots() experts (hits pinned, misses queued to the loaders in
+ * that order), and hands them out one at a time:
+ *
+ *   k3_experts_batch_open(&b, s, layer, ids, n, &stats, err, errlen);
+ *   for (i = 0; i < n; i++) {
+ *       k3_experts_batch_get(b, i, &view, err, errlen);   waits for expert i
+ *       ... compute with view ...
+ *       k3_experts_batch_put(b, i);                       frees its slot
+ *   }
+ *   k3_experts_batch_close(&b);                           also after an error
+ *
  * Errors name the layer, the expert and the shard: K3_ERR_MISSING for an
  * expert absent from the checkpoint, K3_ERR_IO for a short read or EIO,
- * K3_ERR_ARG for an id out of range or n > slots. On error nothing stays
- * pinned. stats (may be NULL) accumulates this call's counters. */
-k3_status k3_experts_acquire(k3_experts *s, int layer, const int32_t *ids, int n,
-                             k3_expert_view *views, k3_expert_stats *stats, char *err,
-                             size_t errlen);
-/* Unpins the experts of a successful k3_experts_acquire. */
-void k3_experts_release(k3_experts *s, int layer, const int32_t *ids, int n);
+ * K3_ERR_ARG for a bad id. A failed read leaves its slot empty; other
+ * experts and later batches are unaffected. */
+typedef struct k3_expert_batch k3_expert_batch;
+
+/* ids are copied; stats (may be NULL) receives the batch's counters at
+ * close. Checks the ids before anything is read. */
+k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer,
+                                const int32_t *ids, int n, k3_expert_stats *stats, char *err,
+                                size_t errlen);
+/* Waits (condition variable) until expert i is in memory and fills *view,
+ * valid until k3_experts_batch_put(b, i). i must go 0, 1, .. n-1. */
+k3_status k3_experts_batch_get(k3_expert_batch *b, int i, k3_expert_view *view, char *err,
+                               size_t errlen);
+/* Done with expert i: unpins it and admits the next expert of the window. */
+void k3_experts_batch_put(k3_expert_batch *b, int i);
+/* Waits for the batch's reads in flight, unpins what is still pinned, adds
+ * the counters to the caller's stats and the store's totals. NULL is fine. */
+void k3_experts_batch_close(k3_expert_batch **b);
 
 /* Totals since open (all layers). */
 void k3_experts_totals(k3_experts *s, k3_expert_stats *out);
 /* Bytes currently held in slot buffers. */
 size_t k3_experts_resident_bytes(k3_experts *s);
+
+/* ---- usage history (spec 5 "AUTOPIN", common/expert_usage.c) ----
+ *
+ * Every expert a batch uses is counted per layer. The history file is text:
+ *   -1 <n_layers> <n_experts>
+ *   -2 1 <engine_id>          (FNV-1a 32 of "kimi_k3")
+ *   <layer> <expert> <count>  (non-zero counts only)
+ * written to <path>.tmp and renamed. Loading adds the file's counts to the
+ * store's; dims or engine id that differ are refused (K3_ERR_MISMATCH). */
+k3_status k3_experts_usage_load(k3_experts *s, const char *path, char *err, size_t errlen);
+k3_status k3_experts_usage_save(k3_experts *s, const char *path, char *err, size_t errlen);
+/* Reads the most used experts of every loaded layer into its slots, up to
+ * half the slots of the layer, hottest first (disk order inside the layer).
+ * *n_read (may be NULL) counts them. */
+k3_status k3_experts_warm(k3_experts *s, int *n_read, char *err, size_t errlen);
+/* Count recorded for (layer, expert) (tests, reports). */
+uint64_t k3_experts_usage_count(k3_experts *s, int layer, int expert);
 
 #endif

@@ -43,30 +43,45 @@ AVX2_INL __m256 dec_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-/* 4 bytes = 8 int4 nibbles (even column low) -> (nib - 8) as floats, exact:
- * the nibble is OR-ed into the mantissa of 2^23 and 2^23 + 8 subtracted. */
-AVX2_INL __m256 dec_i4(const uint8_t *p) {
-    int32_t u;
-    memcpy(&u, p, 4);
-    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(u), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    v = _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(15)), _mm256_set1_epi32(0x4B000000));
-    return _mm256_sub_ps(_mm256_castsi256_ps(v), _mm256_set1_ps(8388616.0f));
+/* 8 packed int4 bytes -> lanes 0-7: low nibbles (columns 2k) in *ev, high
+ * nibbles (2k+1) in *od, as nib - 8 floats, exact: the nibble is OR-ed into
+ * the mantissa of 2^23 and 2^23 + 8 subtracted. */
+AVX2_INL void dec_i4(const uint8_t *p, __m256 *ev, __m256 *od) {
+    const __m256i magic = _mm256_set1_epi32(0x4B000000);
+    const __m256 bias = _mm256_set1_ps(8388616.0f);
+    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i lo = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(15)), magic);
+    __m256i hi = _mm256_or_si256(_mm256_srli_epi32(b, 4), magic);
+    *ev = _mm256_sub_ps(_mm256_castsi256_ps(lo), bias);
+    *od = _mm256_sub_ps(_mm256_castsi256_ps(hi), bias);
 }
 
-/* 16 packed bytes = one MXFP4 group of 32 columns -> 4 x 8 floats holding
- * 2*v(n) (exact small integers), in column order. */
+/* 16 packed bytes = one MXFP4 group -> 2v(n) as floats in nibble order:
+ * w[0] low nibbles of bytes 0-7, w[1] of bytes 8-15, w[2] high nibbles of
+ * bytes 0-7, w[3] of bytes 8-15. */
 AVX2_INL void dec_mx(const uint8_t *p, __m256 w[4]) {
     const __m128i tab = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m128i m0f = _mm_set1_epi8(15);
     __m128i b = _mm_loadu_si128((const __m128i *)p);
     __m128i vl = _mm_shuffle_epi8(tab, _mm_and_si128(b, m0f));
     __m128i vh = _mm_shuffle_epi8(tab, _mm_and_si128(_mm_srli_epi16(b, 4), m0f));
-    __m128i c0 = _mm_unpacklo_epi8(vl, vh); /* columns 0..15 */
-    __m128i c1 = _mm_unpackhi_epi8(vl, vh); /* columns 16..31 */
-    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c0));
-    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c0, 8)));
-    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c1));
-    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c1, 8)));
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(vl));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(vl, 8)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(vh));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(vh, 8)));
+}
+
+/* Activations into nibble order, per block of 32: [x0 x2 .. x30 | x1 x3 .. x31]. */
+static AVX2_FN void perm_nibble_order(const float *x, size_t count, float *xp) {
+    for (size_t i = 0; i < count; i += 32) {
+        for (int h = 0; h < 2; h++) {
+            const __m256 a = _mm256_loadu_ps(x + i + 16 * h), b = _mm256_loadu_ps(x + i + 16 * h + 8);
+            const __m256 e = _mm256_shuffle_ps(a, b, 0x88), o = _mm256_shuffle_ps(a, b, 0xDD);
+            _mm256_storeu_ps(xp + i + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+            _mm256_storeu_ps(xp + i + 16 + 8 * h,
+                             _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
+        }
+    }
 }
 
 /* ---- tiles: R rows from row r x T tokens; out[i*T + j] ---- */
@@ -109,8 +124,9 @@ AVX2_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, floa
     }
 }
 
-/* int4-g64: per group, 16-lane group sum over 4 steps (8-column blocks
- * 0,2,4,6 -> lanes 0-7, blocks 1,3,5,7 -> lanes 8-15), then acc += gs * s. */
+/* int4-g64 in nibble order (x permuted): per group a 16-lane sum over the
+ * 4 nibbles of each lane's 2 bytes, then acc = fma(gs, s, acc). Lanes 0-7
+ * are bytes 0-7 of each 16-byte block (a0, g0), lanes 8-15 bytes 8-15. */
 AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
     const int cols = m->cols, ng = cols / 64;
     const uint8_t *qb = m->q4 + (size_t)r * (cols / 2);
@@ -122,16 +138,19 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
     }
     for (int g = 0; g < ng; g++) {
         __m256 g0[4][4], g1[4][4];
-        UNROLL for (int k = 0; k < 8; k++) {
-            __m256 w[4];
-            UNROLL for (int i = 0; i < R; i++) w[i] = dec_i4(qb + (size_t)i * (cols / 2) + g * 32 + k * 4);
-            UNROLL for (int j = 0; j < T; j++) {
-                const __m256 xv = _mm256_loadu_ps(x + (size_t)j * cols + g * 64 + k * 8);
-                UNROLL for (int i = 0; i < R; i++) {
-                    if (k == 0) g0[i][j] = _mm256_mul_ps(w[i], xv);
-                    else if (k == 1) g1[i][j] = _mm256_mul_ps(w[i], xv);
-                    else if (k & 1) g1[i][j] = mul_add(g1[i][j], w[i], xv);
-                    else g0[i][j] = mul_add(g0[i][j], w[i], xv);
+        UNROLL for (int blk = 0; blk < 2; blk++) {
+            UNROLL for (int h = 0; h < 2; h++) { /* h: lanes 0-7 or 8-15 */
+                __m256 ev[4], od[4];
+                UNROLL for (int i = 0; i < R; i++)
+                    dec_i4(qb + (size_t)i * (cols / 2) + g * 32 + blk * 16 + h * 8, &ev[i], &od[i]);
+                UNROLL for (int j = 0; j < T; j++) {
+                    const float *xb = x + (size_t)j * cols + g * 64 + blk * 32;
+                    const __m256 xe = _mm256_loadu_ps(xb + 8 * h), xo = _mm256_loadu_ps(xb + 16 + 8 * h);
+                    UNROLL for (int i = 0; i < R; i++) {
+                        __m256 *gs = h ? &g1[i][j] : &g0[i][j];
+                        *gs = blk == 0 ? _mm256_mul_ps(ev[i], xe) : mul_add(*gs, ev[i], xe);
+                        *gs = mul_add(*gs, od[i], xo);
+                    }
                 }
             }
         }
@@ -147,7 +166,8 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
         hsum16(a0[i][j], a1[i][j]);
 }
 
-/* MXFP4 exact-float: group of 32 = 2 steps of 16 lanes. */
+/* MXFP4 exact-float in nibble order (x permuted): gs = v(2k) x(2k), then
+ * fma with the high nibble, then acc = fma(gs, 2^(s-127)/2, acc). */
 AVX2_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int R, int T) {
     const int cols = m->cols, ng = cols / 32;
     const uint8_t *pb = m->packed + (size_t)r * (cols / 2);
@@ -247,11 +267,15 @@ static void avx2_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int 
 }
 
 static void avx2_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    tiles_run(ti4_fns, n == 1 ? 3 : 1, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1, NULL);
+    float *xp = k3_kern_scratch((size_t)n * m->cols * sizeof(float));
+    perm_nibble_order(x, (size_t)n * m->cols, xp);
+    tiles_run(ti4_fns, n == 1 ? 3 : 1, n == 1 ? 1 : 3, m, m->rows, m->cols, xp, n, y, r0, r1, NULL);
 }
 
 static void avx2_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
-    tiles_run(tmx_fns, n == 1 ? 2 : 1, n == 1 ? 1 : 4, w, w->rows, w->cols, x, n, y, r0, r1, NULL);
+    float *xp = k3_kern_scratch((size_t)n * w->cols * sizeof(float));
+    perm_nibble_order(x, (size_t)n * w->cols, xp);
+    tiles_run(tmx_fns, n == 1 ? 2 : 1, n == 1 ? 1 : 4, w, w->rows, w->cols, xp, n, y, r0, r1, NULL);
 }
 
 /* ---- MXFP4 integer-dot ----
@@ -290,48 +314,81 @@ AVX2_INL __m256i hsum8x8(const __m256i p[8]) {
                             _mm256_permute2x128_si256(e, f, 0x31));
 }
 
-/* 8 rows x T tokens over groups [g0, g0+gn). acc starts from y when g0 > 0
- * (the float partial sum stored there is exact), so splitting the groups into
- * passes keeps the group-order accumulation of the scalar kernel. */
-AVX2_INL void mxi8_tile(const uint8_t *pb, size_t ldp, const float *eh, const int32_t *corr,
-                        int ldc, const int8_t *xq, const float *xs, int cols, int g0, int gn,
-                        float *y, size_t ldy, int T) {
-    const int ng = cols / 32;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[4];
-    UNROLL for (int j = 0; j < T; j++) acc[j] =
-        g0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);
-    for (int g = 0; g < gn; g++) {
-        __m256i u[8];
-        UNROLL for (int i = 0; i < 8; i++) u[i] = mxi8_dec(pb + i * ldp + (size_t)(g0 + g) * 16);
-        const __m256 e = _mm256_load_ps(eh + g * 8);
-        UNROLL for (int j = 0; j < T; j++) {
-            const __m256i qp = mxi8_qperm(xq + (size_t)j * cols + (size_t)(g0 + g) * 32);
-            __m256i p[8];
-            UNROLL for (int i = 0; i < 8; i++) p[i] =
-                _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], qp), ones);
-            __m256i isum = _mm256_sub_epi32(hsum8x8(p), _mm256_set1_epi32(corr[j * ldc + g]));
-            const __m256 f = _mm256_mul_ps(e, _mm256_broadcast_ss(xs + (size_t)j * ng + g0 + g));
-            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), f));
+/* eh[g][i] = 2^(s-127)/2 of rows 0..7 (row stride ld) for groups
+ * g0..g0+gn-1: chunks of 8 groups through an 8x8 byte transpose, the bits of
+ * k3_e8m0_half (s << 23 as a float, times 0.5). */
+AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, float *eh) {
+    int g = 0;
+    for (; g + 8 <= gn; g += 8) {
+        __m128i a[8];
+        for (int i = 0; i < 8; i++) a[i] = _mm_loadl_epi64((const __m128i *)(scale + i * ld + g0 + g));
+        const __m128i b0 = _mm_unpacklo_epi8(a[0], a[1]), b1 = _mm_unpacklo_epi8(a[2], a[3]);
+        const __m128i b2 = _mm_unpacklo_epi8(a[4], a[5]), b3 = _mm_unpacklo_epi8(a[6], a[7]);
+        const __m128i c0 = _mm_unpacklo_epi16(b0, b1), c1 = _mm_unpackhi_epi16(b0, b1);
+        const __m128i c2 = _mm_unpacklo_epi16(b2, b3), c3 = _mm_unpackhi_epi16(b2, b3);
+        const __m128i d[4] = {_mm_unpacklo_epi32(c0, c2), _mm_unpackhi_epi32(c0, c2),
+                              _mm_unpacklo_epi32(c1, c3), _mm_unpackhi_epi32(c1, c3)};
+        const __m256 half = _mm256_set1_ps(0.5f);
+        for (int k = 0; k < 4; k++) { /* d[k]: groups 2k (low 8 bytes) and 2k+1, rows 0..7 */
+            const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu8_epi32(d[k]), 23);
+            const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(d[k], 8)), 23);
+            _mm256_store_ps(eh + (g + 2 * k) * 8, _mm256_mul_ps(_mm256_castsi256_ps(lo), half));
+            _mm256_store_ps(eh + (g + 2 * k + 1) * 8, _mm256_mul_ps(_mm256_castsi256_ps(hi), half));
         }
     }
-    UNROLL for (int j = 0; j < T; j++) _mm256_storeu_ps(y + j * ldy, acc[j]);
+    for (; g < gn; g++)
+        for (int i = 0; i < 8; i++) eh[g * 8 + i] = k3_e8m0_half[scale[i * ld + g0 + g]];
 }
 
-#define MXI8_TILE_FN(T)                                                                            \
-    static AVX2_FN void mxi8_##T(const uint8_t *pb, size_t ldp, const float *eh,                  \
-                                 const int32_t *corr, int ldc, const int8_t *xq, const float *xs, \
-                                 int cols, int g0, int gn, float *y, size_t ldy) {                 \
-        mxi8_tile(pb, ldp, eh, corr, ldc, xq, xs, cols, g0, gn, y, ldy, T);                        \
+/* 8 rows x T tokens over groups [g0, g0+gn). acc starts from y when g0 > 0
+ * (the float partial sum stored there is exact), so splitting the groups into
+ * passes keeps the group-order accumulation of the scalar kernel. DOT(u, qp)
+ * gives the 8 int32 partial sums of one row: vpmaddubsw + vpmaddwd (AVX2)
+ * or vpdpbusd on ymm (AVX-512 VL + VNNI, used by that level for small n). */
+#define MXI8_TILE_BODY(DOT)                                                                        \
+    const int ng = cols / 32;                                                                      \
+    __m256 acc[4];                                                                                 \
+    UNROLL for (int j = 0; j < T; j++) acc[j] =                                                    \
+        g0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);                              \
+    for (int g = 0; g < gn; g++) {                                                                 \
+        __m256i u[8];                                                                              \
+        UNROLL for (int i = 0; i < 8; i++) u[i] = mxi8_dec(pb + i * ldp + (size_t)(g0 + g) * 16);  \
+        const __m256 e = _mm256_load_ps(eh + g * 8);                                               \
+        UNROLL for (int j = 0; j < T; j++) {                                                       \
+            const __m256i qp = mxi8_qperm(xq + (size_t)j * cols + (size_t)(g0 + g) * 32);          \
+            __m256i p[8];                                                                          \
+            UNROLL for (int i = 0; i < 8; i++) p[i] = DOT(u[i], qp);                               \
+            __m256i isum = _mm256_sub_epi32(hsum8x8(p), _mm256_set1_epi32(corr[j * ldc + g]));     \
+            const __m256 f = _mm256_mul_ps(e, _mm256_broadcast_ss(xs + (size_t)j * ng + g0 + g));  \
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), f));            \
+        }                                                                                          \
+    }                                                                                              \
+    UNROLL for (int j = 0; j < T; j++) _mm256_storeu_ps(y + j * ldy, acc[j]);
+
+#define DOT_AVX2(u, q) _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), _mm256_set1_epi16(1))
+#define DOT_VNNI(u, q) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q)
+#define VNNI_FN __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+
+#define MXI8_ARGS                                                                                  \
+    const uint8_t *pb, size_t ldp, const float *eh, const int32_t *corr, int ldc,                  \
+        const int8_t *xq, const float *xs, int cols, int g0, int gn, float *y, size_t ldy
+#define MXI8_TILE_FN(TT)                                                                           \
+    static AVX2_FN void mxi8_##TT(MXI8_ARGS) {                                                     \
+        const int T = TT;                                                                          \
+        MXI8_TILE_BODY(DOT_AVX2)                                                                   \
+    }                                                                                              \
+    static VNNI_FN void mxi8v_##TT(MXI8_ARGS) {                                                    \
+        const int T = TT;                                                                          \
+        MXI8_TILE_BODY(DOT_VNNI)                                                                   \
     }
 MXI8_TILE_FN(1)
 MXI8_TILE_FN(2)
 MXI8_TILE_FN(3)
 MXI8_TILE_FN(4)
 
-typedef void (*mxi8_fn)(const uint8_t *, size_t, const float *, const int32_t *, int,
-                        const int8_t *, const float *, int, int, int, float *, size_t);
+typedef void (*mxi8_fn)(MXI8_ARGS);
 static const mxi8_fn mxi8_fns[4] = {mxi8_1, mxi8_2, mxi8_3, mxi8_4};
+static const mxi8_fn mxi8v_fns[4] = {mxi8v_1, mxi8v_2, mxi8v_3, mxi8v_4};
 
 /* 12 * sum(q) over each group of 32 (exact). */
 static AVX2_FN int32_t mxi8_corr(const int8_t *q) {
@@ -343,8 +400,12 @@ static AVX2_FN int32_t mxi8_corr(const int8_t *q) {
     return _mm_cvtsi128_si32(s);
 }
 
-static void avx2_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
-                       int r0, int r1) {
+static AVX2_FN void mxi8_scales8_fn(const uint8_t *scale, size_t ld, int g0, int gn, float *eh) {
+    mxi8_scales8(scale, ld, g0, gn, eh);
+}
+
+static void mx_i8_rows(const mxi8_fn *fns, const k3_mxfp4 *w, const int8_t *xq, const float *xs,
+                       int n, float *y, int r0, int r1) {
     const int cols = w->cols, ng = cols / 32;
     const size_t ldp = (size_t)cols / 2;
     const int r8 = r0 + (r1 - r0) / 8 * 8; /* rows [r8, r1) go to the scalar row */
@@ -359,16 +420,12 @@ static void avx2_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int
                     corr[j * MXI8_GC + g] =
                         mxi8_corr(xq + (size_t)(t0 + j) * cols + (size_t)(g0 + g) * 32);
             for (int r = r0; r < r8; r += 8) {
-                for (int i = 0; i < 8; i++) {
-                    const uint8_t *s = w->scale + (size_t)(r + i) * ng + g0;
-                    for (int g = 0; g < gn; g++) eh[g * 8 + i] = k3_e8m0_half[s[g]];
-                }
+                mxi8_scales8_fn(w->scale + (size_t)r * ng, (size_t)ng, g0, gn, eh);
                 for (int j = 0; j < tn; j += 4) {
                     const int T = tn - j < 4 ? tn - j : 4;
-                    mxi8_fns[T - 1](w->packed + (size_t)r * ldp, ldp, eh, corr + j * MXI8_GC,
-                                    MXI8_GC, xq + (size_t)(t0 + j) * cols,
-                                    xs + (size_t)(t0 + j) * ng, cols, g0, gn,
-                                    y + (size_t)(t0 + j) * w->rows + r, (size_t)w->rows);
+                    fns[T - 1](w->packed + (size_t)r * ldp, ldp, eh, corr + j * MXI8_GC, MXI8_GC,
+                               xq + (size_t)(t0 + j) * cols, xs + (size_t)(t0 + j) * ng, cols, g0,
+                               gn, y + (size_t)(t0 + j) * w->rows + r, (size_t)w->rows);
                 }
             }
         }
@@ -378,6 +435,16 @@ static void avx2_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int
             y[(size_t)t * w->rows + r] =
                 k3_mx_i8_row_scalar(w->packed + (size_t)r * ldp, w->scale + (size_t)r * ng, cols,
                                     xq + (size_t)t * cols, xs + (size_t)t * ng);
+}
+
+static void avx2_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                       int r0, int r1) {
+    mx_i8_rows(mxi8_fns, w, xq, xs, n, y, r0, r1);
+}
+
+void k3_mx_i8_rows_vnni256(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                           int r0, int r1) {
+    mx_i8_rows(mxi8v_fns, w, xq, xs, n, y, r0, r1);
 }
 
 /* ---- activation quantization (bit-exact with the scalar one) ---- */

@@ -45,31 +45,24 @@ Z_INL __m512 dec_i8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
 
-/* 8 bytes = 16 int4 nibbles (even column low) -> nib - 8 as floats: dword 0
- * spread over lanes 0-7, dword 1 over 8-15, shifted per lane, then a
- * 16-entry table lookup (vpermps reads the low 4 bits). */
-Z_INL __m512 dec_i4(const uint8_t *p) {
-    const __m512 tab = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i shifts = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-    __m512i v = _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)p));
-    v = _mm512_srlv_epi32(_mm512_permutexvar_epi32(spread, v), shifts);
-    return _mm512_permutexvar_ps(v, tab);
+/* 16 packed bytes (a block of 32 columns) -> bytes in dword lanes; the low
+ * nibbles (columns 2k) and high nibbles (2k+1) are then one 16-entry table
+ * lookup each (vpermps reads the low 4 bits of the index). */
+Z_INL void dec_nib(const uint8_t *p, __m512 tab, __m512 *ev, __m512 *od) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    *ev = _mm512_permutexvar_ps(b, tab);
+    *od = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), tab);
 }
 
-/* 16 packed bytes = one MXFP4 group -> 2 x 16 floats of 2v(n), columns
- * 0..15 and 16..31: bytes to dword lanes, low/high nibble table lookups
- * (even / odd columns), then an interleave back to column order. */
-Z_INL void dec_mx(const uint8_t *p, __m512 *w0, __m512 *w1) {
-    const __m512 tab = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi_idx =
-        _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    __m512 ev = _mm512_permutexvar_ps(b, tab);                         /* columns 0,2,..,30 */
-    __m512 od = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), tab);   /* columns 1,3,..,31 */
-    *w0 = _mm512_permutex2var_ps(ev, lo_idx, od);
-    *w1 = _mm512_permutex2var_ps(ev, hi_idx, od);
+/* Activations into nibble order, per block of 32: [x0 x2 .. x30 | x1 x3 .. x31]. */
+static Z_FN void perm_nibble_order(const float *x, size_t count, float *xp) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (size_t i = 0; i < count; i += 32) {
+        const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+        _mm512_storeu_ps(xp + i, _mm512_permutex2var_ps(a, ev, b));
+        _mm512_storeu_ps(xp + i + 16, _mm512_permutex2var_ps(a, od, b));
+    }
 }
 
 /* ---- tiles: R rows from row r x T tokens; out[i*T + j] ---- */
@@ -101,23 +94,28 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
     }
 }
 
-/* int4-g64: per group a 16-lane sum over 4 steps (first a multiply), then
- * acc += gs * s. */
+/* int4-g64 in nibble order (x permuted): per group a 16-lane sum over the
+ * low/high nibbles of each lane's byte in both blocks, then acc += gs * s. */
 Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
     const int cols = m->cols, ng = cols / 64;
     const uint8_t *qb = m->q4 + (size_t)r * (cols / 2);
     const float *sb = m->scales + (size_t)r * ng;
+    const __m512 tab = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     __m512 acc[4][4];
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
         __m512 gs[4][4];
-        UNROLL for (int k = 0; k < 4; k++) {
-            __m512 w[4];
-            UNROLL for (int i = 0; i < R; i++) w[i] = dec_i4(qb + (size_t)i * (cols / 2) + g * 32 + k * 8);
+        UNROLL for (int blk = 0; blk < 2; blk++) {
+            __m512 ev[4], od[4];
+            UNROLL for (int i = 0; i < R; i++)
+                dec_nib(qb + (size_t)i * (cols / 2) + g * 32 + blk * 16, tab, &ev[i], &od[i]);
             UNROLL for (int j = 0; j < T; j++) {
-                const __m512 xv = _mm512_loadu_ps(x + (size_t)j * cols + g * 64 + k * 16);
-                UNROLL for (int i = 0; i < R; i++) gs[i][j] =
-                    k == 0 ? _mm512_mul_ps(w[i], xv) : mul_add(gs[i][j], w[i], xv);
+                const float *xb = x + (size_t)j * cols + g * 64 + blk * 32;
+                const __m512 xe = _mm512_loadu_ps(xb), xo = _mm512_loadu_ps(xb + 16);
+                UNROLL for (int i = 0; i < R; i++) {
+                    gs[i][j] = blk == 0 ? _mm512_mul_ps(ev[i], xe) : mul_add(gs[i][j], ev[i], xe);
+                    gs[i][j] = mul_add(gs[i][j], od[i], xo);
+                }
             }
         }
         UNROLL for (int i = 0; i < R; i++) {
@@ -129,24 +127,26 @@ Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, i
         hsum16(acc[i][j]);
 }
 
-/* MXFP4 exact-float: group of 32 = 2 steps of 16 lanes, then acc += gs * f. */
+/* MXFP4 exact-float in nibble order (x permuted): gs = v(2k) x(2k), fma with
+ * the high nibble, then acc = fma(gs, 2^(s-127)/2, acc). */
 Z_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int R, int T) {
     const int cols = m->cols, ng = cols / 32;
     const uint8_t *pb = m->packed + (size_t)r * (cols / 2);
     const uint8_t *sb = m->scale + (size_t)r * ng;
+    const __m512 tab = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     __m512 acc[4][4];
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
-        __m512 w0[4], w1[4], f[4];
+        __m512 ev[4], od[4], f[4];
         UNROLL for (int i = 0; i < R; i++) {
-            dec_mx(pb + (size_t)i * (cols / 2) + g * 16, &w0[i], &w1[i]);
+            dec_nib(pb + (size_t)i * (cols / 2) + g * 16, tab, &ev[i], &od[i]);
             f[i] = _mm512_set1_ps(k3_e8m0_half[sb[(size_t)i * ng + g]]);
         }
         UNROLL for (int j = 0; j < T; j++) {
-            const __m512 x0 = _mm512_loadu_ps(x + (size_t)j * cols + g * 32);
-            const __m512 x1 = _mm512_loadu_ps(x + (size_t)j * cols + g * 32 + 16);
+            const __m512 xe = _mm512_loadu_ps(x + (size_t)j * cols + g * 32);
+            const __m512 xo = _mm512_loadu_ps(x + (size_t)j * cols + g * 32 + 16);
             UNROLL for (int i = 0; i < R; i++) {
-                const __m512 gs = mul_add(_mm512_mul_ps(w0[i], x0), w1[i], x1);
+                const __m512 gs = mul_add(_mm512_mul_ps(ev[i], xe), od[i], xo);
                 acc[i][j] = mul_add(acc[i][j], gs, f[i]);
             }
         }
@@ -222,16 +222,21 @@ static void z_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0,
 }
 
 static void z_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    tiles_run(zi4_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, NULL);
+    float *xp = k3_kern_scratch((size_t)n * m->cols * sizeof(float));
+    perm_nibble_order(x, (size_t)n * m->cols, xp);
+    tiles_run(zi4_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 4, m, m->rows, m->cols, xp, n, y, r0, r1, NULL);
 }
 
 static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
-    tiles_run(zmx_fns, n == 1 ? 4 : 3, n == 1 ? 1 : 4, w, w->rows, w->cols, x, n, y, r0, r1, NULL);
+    float *xp = k3_kern_scratch((size_t)n * w->cols * sizeof(float));
+    perm_nibble_order(x, (size_t)n * w->cols, xp);
+    tiles_run(zmx_fns, n == 1 ? 4 : 3, n == 1 ? 1 : 4, w, w->rows, w->cols, xp, n, y, r0, r1, NULL);
 }
 
 /* ---- MXFP4 integer-dot, 16 rows per block ---- */
 
-#define ZI8_T 8 /* tokens per tile (accumulators in registers) */
+#define ZI8_T 16    /* tokens per tile (accumulators in registers) */
+#define ZI8_MIN_N 3 /* below: k3_mx_i8_rows_vnni256 (the 8-row ymm kernel) is faster */
 
 /* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
  * 16 floats per group. Full chunks of 16 groups go through a 16x16 byte
@@ -271,7 +276,8 @@ Z_INL void zi8_scales(const uint8_t *scale, size_t ld, int g0, int gn, float *eh
 
 /* One group of 16 rows: d = 2v (s8), per row [even columns | odd columns],
  * transposed to D[k] = dword k (4 columns) of rows 0..15. Returns
- * 128 * sum(d) per row (the u8 offset of the activations, taken back). */
+ * -128 * sum(d) per row: the start value that takes back the +128 offset of
+ * the u8 activations. */
 Z_INL __m512i zi8_decode(const uint8_t *p, size_t ldp, __m512i D[8]) {
     const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1,
                                          2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
@@ -308,7 +314,7 @@ Z_INL __m512i zi8_decode(const uint8_t *p, size_t ldp, __m512i D[8]) {
         sum = _mm512_dpbusd_epi32(sum, ones, D[e]);
         sum = _mm512_dpbusd_epi32(sum, ones, D[4 + e]);
     }
-    return _mm512_slli_epi32(sum, 7);
+    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
 }
 
 /* 16 rows x T tokens, all groups; qp: permuted activations + 128 (u8). */
@@ -327,12 +333,9 @@ Z_INL void zi8_tile(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs
             const uint8_t *q = qp + (size_t)j * cols + (size_t)g * 32;
             int32_t q4[8];
             memcpy(q4, q, 32);
-            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-            UNROLL for (int k = 0; k < 4; k++) {
-                s0 = _mm512_dpbusd_epi32(s0, _mm512_set1_epi32(q4[k]), D[k]);
-                s1 = _mm512_dpbusd_epi32(s1, _mm512_set1_epi32(q4[4 + k]), D[4 + k]);
-            }
-            const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), corr);
+            /* the sum starts at -128*sum(d): what remains is sum(q*d), exact */
+            __m512i isum = corr;
+            UNROLL for (int k = 0; k < 8; k++) isum = _mm512_dpbusd_epi32(isum, _mm512_set1_epi32(q4[k]), D[k]);
             const __m512 f = _mm512_mul_ps(e, _mm512_set1_ps(xs[(size_t)j * ng + g]));
             acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), f));
         }
@@ -353,8 +356,17 @@ ZI8_TILE_FN(5)
 ZI8_TILE_FN(6)
 ZI8_TILE_FN(7)
 ZI8_TILE_FN(8)
+ZI8_TILE_FN(9)
+ZI8_TILE_FN(10)
+ZI8_TILE_FN(11)
+ZI8_TILE_FN(12)
+ZI8_TILE_FN(13)
+ZI8_TILE_FN(14)
+ZI8_TILE_FN(15)
+ZI8_TILE_FN(16)
 typedef void (*zi8_fn)(const k3_mxfp4 *, int, const uint8_t *, const float *, float *, float *);
-static const zi8_fn zi8_fns[ZI8_T] = {zi8_1, zi8_2, zi8_3, zi8_4, zi8_5, zi8_6, zi8_7, zi8_8};
+static const zi8_fn zi8_fns[ZI8_T] = {zi8_1,  zi8_2,  zi8_3,  zi8_4,  zi8_5,  zi8_6,  zi8_7,  zi8_8,
+                                      zi8_9,  zi8_10, zi8_11, zi8_12, zi8_13, zi8_14, zi8_15, zi8_16};
 
 /* q [n][cols] -> qp: per group [even columns | odd columns], + 128 as u8 */
 static Z_FN void zi8_prep(const int8_t *q, int n, int cols, uint8_t *qp) {
@@ -373,15 +385,22 @@ static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
     const int cols = w->cols, ng = cols / 32;
     const size_t ldp = (size_t)cols / 2;
     const int r16 = r0 + (r1 - r0) / 16 * 16; /* rows [r16, r1) go to the scalar row */
+    if (n < ZI8_MIN_N) {
+        k3_mx_i8_rows_vnni256(w, xq, xs, n, y, r0, r1);
+        return;
+    }
     if (r16 > r0) {
         uint8_t *qp = k3_kern_scratch((size_t)n * cols);
         _Alignas(64) float eh[64 * 16];
         zi8_prep(xq, n, cols, qp);
         for (int r = r0; r < r16; r += 16)
-            for (int t = 0; t < n; t += ZI8_T) {
-                const int T = n - t < ZI8_T ? n - t : ZI8_T;
+            for (int t = 0, tiles = (n + ZI8_T - 1) / ZI8_T; t < n;) {
+                /* balanced tiles: 20 tokens run as 10 + 10, not 16 + 4 */
+                const int T = (n - t + tiles - 1) / tiles;
+                tiles--;
                 zi8_fns[T - 1](w, r, qp + (size_t)t * cols, xs + (size_t)t * ng, eh,
                                y + (size_t)t * w->rows + r);
+                t += T;
             }
     }
     for (int r = r16; r < r1; r++)

@@ -41,6 +41,12 @@ extern const int8_t k3_e2m1_x2[16];
 float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols,
                           const int8_t *xq, const float *xs);
 
+/* The AVX2 integer-dot kernel with vpdpbusd on ymm (needs AVX-512 VL + VNNI):
+ * the AVX-512 level's choice for small n, where its 16-row transposed kernel
+ * spends more on shuffles than it saves. Same bits as every level. */
+void k3_mx_i8_rows_vnni256(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                           int r0, int r1);
+
 /* A per-thread buffer of at least `bytes`, 64-byte aligned, valid until the
  * next call on the same thread. Aborts on OOM (sizes are the kernels' own). */
 void *k3_kern_scratch(size_t bytes);

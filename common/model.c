@@ -689,7 +689,8 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
     if (st != K3_OK) goto fail;
     st = k3_pool_open(&m->pool, opts->threads, err, errlen);
     if (st != K3_OK) goto fail;
-    k3_experts_opts eo = {(size_t)(opts->expert_gb * (double)(1ull << 30)), opts->direct};
+    k3_experts_opts eo = {(size_t)(opts->expert_gb * (double)(1ull << 30)), opts->direct,
+                          opts->pipe, opts->load_threads, 0};
     if (m->layer_a < m->layer_b) {
         st = k3_experts_open(&m->experts, m->idx, c, m->layer_a, m->layer_b, &eo, err, errlen);
         if (st != K3_OK) goto fail;

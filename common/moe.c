@@ -3,8 +3,9 @@
  * LatentMoE over a chunk: the router, the latent down projection, the shared
  * experts and the latent up projection are batched over the chunk. The
  * routed experts are deduplicated: the union of the chunk's selections is
- * walked in disk order (k3_experts_disk_order), each expert is acquired
- * once and applied to every position that selected it. A position therefore
+ * walked in disk order (k3_experts_disk_order) as one expert batch (read
+ * ahead by the store's loader threads), each expert used once and applied
+ * to every position that selected it. A position therefore
  * accumulates its experts in the same disk order whatever the chunk, which
  * is what makes chunked prefill bit-identical to token-at-a-time.
  */
@@ -166,6 +167,13 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     int8_t *zqg = k3_arena_alloc(ar, (size_t)T * LT);
     float *zsg = K3_ARENA_F(ar, (size_t)T * G);
     float *y = K3_ARENA_F(ar, (size_t)T * LT); /* [n][latent] expert outputs */
+    /* The batch streams the union in disk order: expert i computes while
+     * the loader threads read i+1.. (K3_PIPE); the order of the sums is the
+     * disk order whatever the cache holds, so results do not depend on it. */
+    k3_expert_batch *batch = NULL;
+    k3_status st = k3_experts_batch_open(&batch, lc->experts, layer, order, n_union, stats, err,
+                                         errlen);
+    if (st != K3_OK) return st;
     for (int i = 0; i < n_union; i++) {
         int32_t e = order[i];
         int n = 0;
@@ -186,12 +194,12 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
             }
         }
         k3_expert_view view;
-        k3_status st = k3_experts_acquire(lc->experts, layer, &e, 1, &view, stats, err, errlen);
-        if (st != K3_OK) return st;
+        st = k3_experts_batch_get(batch, i, &view, err, errlen);
+        if (st != K3_OK) break;
         size_t mark = ar->used;
         k3_moe_expert_apply(lc, &view, zg, zqg, zsg, n, y, ar);
         ar->used = mark;
-        k3_experts_release(lc->experts, layer, &e, 1);
+        k3_experts_batch_put(batch, i);
         /* U[t] += w_e * y */
         for (int r = 0; r < n; r++) {
             float *u = U + (size_t)rows[r] * LT;
@@ -200,6 +208,8 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
             for (int j = 0; j < LT; j++) u[j] = u[j] + we * yr[j];
         }
     }
+    k3_experts_batch_close(&batch);
+    if (st != K3_OK) return st;
 
     /* RMSNorm of the aggregate, then back to D: out = W_up U */
     for (int t = 0; t < T; t++)

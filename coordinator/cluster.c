@@ -70,7 +70,8 @@ typedef struct cl_stage {
     double last_rx_ms, last_tx_ms;
     char last_err[512];
     cl_req *pending;            /* requests without a reply yet */
-    int n_pending;
+    int n_pending;              /* of which FORWARDs (occupancy counts steps only) */
+    double progress_ms;         /* last sign that pending steps advance (see link_timers) */
     proto_hello_ok info;        /* the last HELLO_OK */
     pid_t pid;                  /* local worker, 0 otherwise */
     /* statistics */
@@ -217,17 +218,22 @@ static void occ_change(k3_cluster *c, cl_stage *s, int delta) {
 static void pending_add(k3_cluster *c, cl_stage *s, cl_req *r) {
     r->next = s->pending;
     s->pending = r;
+    if (!r->job) return;
+    if (s->n_pending == 0) s->progress_ms = now_ms(); /* the clock starts now */
     occ_change(c, s, +1);
+}
+
+/* Unlinks *pp (a pending request of s) and returns it. */
+static cl_req *pending_unlink(k3_cluster *c, cl_stage *s, cl_req **pp) {
+    cl_req *r = *pp;
+    *pp = r->next;
+    if (r->job) occ_change(c, s, -1);
+    return r;
 }
 
 static cl_req *pending_take(k3_cluster *c, cl_stage *s, uint64_t id) {
     for (cl_req **pp = &s->pending; *pp; pp = &(*pp)->next)
-        if ((*pp)->msg.id == id) {
-            cl_req *r = *pp;
-            *pp = r->next;
-            occ_change(c, s, -1);
-            return r;
-        }
+        if ((*pp)->msg.id == id) return pending_unlink(c, s, pp);
     return NULL;
 }
 
@@ -286,10 +292,7 @@ static void job_fail(k3_cluster *c, cl_job *j, k3_status st, const char *fmt, ..
         int had = 0;
         for (cl_req **pp = &s->pending; *pp;) {
             if ((*pp)->job == j) {
-                cl_req *r = *pp;
-                *pp = r->next;
-                occ_change(c, s, -1);
-                free(r);
+                free(pending_unlink(c, s, pp));
                 had = 1;
             } else {
                 pp = &(*pp)->next;
@@ -326,7 +329,9 @@ static void link_close(cl_stage *s) {
  * every control request on it, then closes the socket; the next iteration
  * registers again. */
 static void link_fail(k3_cluster *c, cl_stage *s, const char *why) {
-    char lab[512];
+    char lab[512], reason[512];
+    sfmt(reason, sizeof reason, "%s", why); /* why may be s->last_err */
+    why = reason;
     stage_label(s, lab, sizeof lab);
     if (s->state == LINK_READY) {
         K3_ERROR("cluster: %s lost: %s", lab, why);
@@ -346,9 +351,7 @@ static void link_fail(k3_cluster *c, cl_stage *s, const char *why) {
             job_fail(c, j, K3_ERR_IO, "%s lost: %s", lab, why);
     }
     while (s->pending) {
-        cl_req *r = s->pending;
-        s->pending = r->next;
-        occ_change(c, s, -1);
+        cl_req *r = pending_unlink(c, s, &s->pending);
         if (r->ctl) ctl_finish(c, r->ctl, K3_ERR_IO, why);
         free(r);
     }
@@ -634,7 +637,15 @@ static void link_read(k3_cluster *c, cl_stage *s) {
             K3_WARN("cluster: malformed message from %s dropped: %s", s->endpoint, err);
             continue;
         }
-        if (m.type == PROTO_MSG_HEARTBEAT) continue;
+        if (m.type == PROTO_MSG_HEARTBEAT) {
+            /* progress: its compute loop is inside one of our steps (it
+             * sends this between layers; a stuck thread does not) */
+            uint64_t busy = m.u.heartbeat.busy_request;
+            for (cl_req *r = s->pending; busy && r; r = r->next)
+                if (r->msg.id == busy) s->progress_ms = s->last_rx_ms;
+            continue;
+        }
+        s->progress_ms = s->last_rx_ms;
         on_reply(c, s, &m, &fr);
     }
     proto_frames_close(&fr);
@@ -825,10 +836,18 @@ static void link_timers(k3_cluster *c, cl_stage *s, double t) {
         }
         break;
     case LINK_READY:
-        if (t - s->last_rx_ms > c->o.step_timeout_ms) {
+        /* The step deadline. With steps pending, only progress counts: a
+         * reply, or a heartbeat from the compute loop naming one of our
+         * steps; an idle heartbeat with our steps pending means the worker
+         * lost them. Without steps, any message counts. */
+        if (s->n_pending > 0 && t - s->progress_ms > c->o.step_timeout_ms) {
             sfmt(why, sizeof why,
-                     "stalled: no reply or heartbeat for %.0f ms (step deadline %d ms)",
-                     t - s->last_rx_ms, c->o.step_timeout_ms);
+                 "stalled: %d step(s) pending without progress for %.0f ms (step deadline %d ms)",
+                 s->n_pending, t - s->progress_ms, c->o.step_timeout_ms);
+            link_fail(c, s, why);
+        } else if (t - s->last_rx_ms > c->o.step_timeout_ms) {
+            sfmt(why, sizeof why, "stalled: no message for %.0f ms (step deadline %d ms)",
+                 t - s->last_rx_ms, c->o.step_timeout_ms);
             link_fail(c, s, why);
         } else if (t - s->last_tx_ms >= c->so.hb_ms) {
             proto_msg hb;

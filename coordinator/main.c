@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cluster.h"
 #include "cmd_tokenize.h"
 #include "common/config.h"
 #include "common/err.h"
@@ -33,6 +34,7 @@
 #include "common/sampler.h"
 #include "common/tokenizer.h"
 #include "generate.h"
+#include "keygen.h"
 
 /* ---- the option table -------------------------------------------------- */
 
@@ -60,6 +62,15 @@ typedef struct coord_opts {
     int max_ctx; /* 0 = prompt + ngen */
     int layers;  /* 0 = all */
     int think;   /* chat mode: open the think channel */
+    /* cluster (coordinator/cluster.h) */
+    k3_opt_list workers; /* remote worker endpoints; none = --local workers */
+    int hb_ms;           /* heartbeat interval; TTL = 3 x */
+    int step_timeout_ms; /* a worker without progress this long is stalled */
+    int pipe_chunk;      /* tokens per pipelined micro-chunk, 0 = auto */
+    int max_sessions;    /* session states each local worker holds */
+    int insecure;        /* allow plain tcp off loopback */
+    char *curve_secret;  /* our CURVE key pair file */
+    char *worker_keys;   /* "ENDPOINT|* KEY" lines */
     int help;
 } coord_opts;
 
@@ -296,6 +307,30 @@ static const k3_opt coord_table[] = {
      .offset = O(think),
      .def = "1",
      .help = "chat mode: open the think channel (0 = response only)"},
+    {.name = "workers", .flag = "--workers", .env = "K3_WORKERS", .type = K3_OPT_LIST,
+     .offset = O(workers), .max = K3_MAX_WORKERS, .metavar = "EP1,EP2",
+     .help = "k3-worker endpoints (tcp://HOST:PORT, ipc://PATH); replaces --local"},
+    {.name = "hb_ms", .flag = "--hb-ms", .env = "K3_HB_MS", .type = K3_OPT_INT,
+     .offset = O(hb_ms), .def = "1000", .min = 100, .max = 19000, .metavar = "MS",
+     .help = "cluster heartbeat; a worker is dead after 3 silent intervals"},
+    {.name = "step_timeout_ms", .flag = "--step-timeout-ms", .env = "K3_STEP_TIMEOUT_MS",
+     .type = K3_OPT_INT, .offset = O(step_timeout_ms), .def = "30000", .min = 100,
+     .max = 3600000, .metavar = "MS",
+     .help = "a worker with steps pending and no progress this long is stalled"},
+    {.name = "pipe_chunk", .flag = "--pipe-chunk", .env = "K3_PIPE_CHUNK", .type = K3_OPT_INT,
+     .offset = O(pipe_chunk), .def = "0", .min = 0, .max = K3_MAX_CHUNK, .metavar = "T",
+     .help = "tokens per pipelined micro-chunk, 0 = one piece per stage (>= 8 tokens)"},
+    {.name = "max_sessions", .flag = "--max-sessions", .type = K3_OPT_INT,
+     .offset = O(max_sessions), .def = "0", .min = 0, .max = K3_MAX_SESSIONS, .metavar = "N",
+     .help = "session states each local worker holds, 0 = the worker's default"},
+    {.name = "insecure", .flag = "--insecure", .type = K3_OPT_BOOL, .offset = O(insecure),
+     .help = "allow plain tcp workers off loopback (no CURVE)"},
+    {.name = "curve_secret", .flag = "--curve-secret", .env = "K3_CURVE_SECRET",
+     .type = K3_OPT_STRING, .offset = O(curve_secret), .metavar = "FILE",
+     .help = "our CURVE key pair (k3-coordinator keygen), mode 0600"},
+    {.name = "worker_keys", .flag = "--worker-keys", .env = "K3_WORKER_KEYS",
+     .type = K3_OPT_STRING, .offset = O(worker_keys), .metavar = "FILE",
+     .help = "worker public keys, lines 'ENDPOINT KEY' or '* KEY'"},
     {.name = "help",
      .flag = "--help",
      .short_flag = 'h',
@@ -457,15 +492,32 @@ static double peak_rss_mib(void) {
     return kb < 0 ? -1 : kb / 1024.0;
 }
 
-/* The trunk for --local: only the in-process trunk exists so far; the
- * cluster trunk (coordinator/cluster.c) plugs in here. */
-static k3_status open_trunk(const coord_opts *o, k3_model *m, k3_trunk **out, char *err,
-                            size_t errlen) {
-    if (o->local > 0)
-        K3_INFO("--local %d: the cluster path is not built yet; running the layers "
-                "in-process (as --local 0)",
-                o->local);
-    return k3_trunk_open_inproc(out, m, err, errlen);
+/* The trunk: in-process for --local 0, else the cluster of --workers or of
+ * --local N worker processes (coordinator/cluster.h), which must agree
+ * with this process's numeric settings (mo). */
+static k3_status open_trunk(const coord_opts *o, k3_model *m, const k3_model_opts *mo,
+                            k3_cluster **cl, k3_trunk **out, char *err, size_t errlen) {
+    if (o->workers.n == 0 && o->local == 0) return k3_trunk_open_inproc(out, m, err, errlen);
+    k3_cluster_opts co;
+    k3_cluster_opts_default(&co);
+    co.workers = (const char *const *)o->workers.items;
+    co.n_workers = o->workers.n;
+    co.local = o->local;
+    co.model = mo;
+    co.exact = o->exact;
+    co.max_sessions = o->max_sessions;
+    co.hb_ms = o->hb_ms;
+    co.step_timeout_ms = o->step_timeout_ms;
+    co.pipe_chunk = o->pipe_chunk;
+    co.insecure = o->insecure;
+    co.curve_secret = o->curve_secret;
+    co.worker_keys = o->worker_keys;
+    if (o->trace)
+        K3_WARN("--trace with workers: only each stage's last layer is traced (use --local 0 "
+                "for every layer)");
+    k3_status st = k3_cluster_open(cl, k3_model_config(m), &co, err, errlen);
+    if (!st) st = k3_cluster_trunk(*cl, out, err, errlen);
+    return st;
 }
 
 static const char *stop_name(k3_stop s) {
@@ -483,6 +535,7 @@ static const char *stop_name(k3_stop s) {
 int main(int argc, char **argv) {
     /* subcommands first: they have their own options */
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";
@@ -493,6 +546,7 @@ int main(int argc, char **argv) {
     k3_model *model = NULL;
     k3_tok *tok = NULL;
     k3_trunk *trunk = NULL;
+    k3_cluster *cluster = NULL;
     k3_session *sess = NULL;
     k3_sampler *sampler = NULL;
     int32_t *prompt = NULL;
@@ -556,6 +610,12 @@ int main(int argc, char **argv) {
     mo.n_dirs = o.dirs.n;
     mo.layer_a = 0;
     mo.layer_b = 0; /* all */
+    if (o.workers.n > 0 || o.local > 0) {
+        /* the layers run in the workers: only the global tensors here */
+        k3_config c0;
+        if ((st = k3_config_load(&c0, o.model, o.layers, err, sizeof err))) goto fail;
+        mo.layer_a = c0.n_layers;
+    }
     mo.want_global = 1;
     mo.max_layers = o.layers;
     mo.bits = o.bits;
@@ -646,7 +706,7 @@ int main(int argc, char **argv) {
                      n_prompt, want_ctx);
         goto fail;
     }
-    if ((st = open_trunk(&o, model, &trunk, err, sizeof err))) goto fail;
+    if ((st = open_trunk(&o, model, &mo, &cluster, &trunk, err, sizeof err))) goto fail;
     k3_session_opts so = {.max_ctx = (int)want_ctx, .chunk = o.chunk, .progress = 1};
     if ((st = k3_session_open(&sess, model, trunk, &so, err, sizeof err))) goto fail;
     k3_sampler_opts smo = {.temp = o.temp, .top_p = o.top_p, .seed = (uint64_t)o.seed};
@@ -696,7 +756,10 @@ int main(int argc, char **argv) {
     K3_INFO("prompt %d tokens, context %lld, chunk %d, %s trunk", n_prompt, want_ctx, o.chunk,
             trunk->ops->name);
     k3_gen_result res;
-    st = k3_generate(sess, prompt, n_prompt, &go, &res, err, sizeof err);
+    /* with workers, a lost worker is waited for and the session replayed */
+    st = cluster ? k3_cluster_generate(cluster, sess, prompt, n_prompt, &go, 3, 60000, &res, err,
+                                       sizeof err)
+                 : k3_generate(sess, prompt, n_prompt, &go, &res, err, sizeof err);
     if (tok) {
         size_t len = 0;
         const char *tail = k3_tok_stream_flush(&tsink.stream, &len);
@@ -754,6 +817,7 @@ int main(int argc, char **argv) {
                 "stats: dense weights %.1f MiB, session state %.1f MiB, peak RSS %.1f MiB\n",
                 (double)k3_model_resident_bytes(model) / (1024.0 * 1024.0),
                 (double)k3_session_state_bytes(sess) / (1024.0 * 1024.0), peak_rss_mib());
+        if (cluster) k3_cluster_print_stats(cluster, stderr);
     }
     rc = 0;
     goto done;
@@ -769,6 +833,7 @@ done:
     k3_sampler_close(&sampler);
     k3_session_close(&sess);
     k3_trunk_close(&trunk);
+    k3_cluster_close(&cluster);
     k3_tok_close(&tok);
     k3_model_close(&model);
     free(prompt);

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# tests/integration/test_cluster_shards.sh: a worker opens only the shards
+# that hold its layers (ARCHITECTURE.md: "opens only the shard files that
+# hold its layers"; the embedding / head shard and the vision shard never),
+# and the coordinator of a cluster opens only the global tensors' shard.
+# Proven with strace -ff (one trace file per process): the set of
+# *.safetensors paths each process opens is compared with the set the
+# checkpoint's index.json assigns to its layers.
+set -u
+BUILD=${BUILD:-build}
+TINY=${TINY:-$BUILD/fixtures/tiny}
+W=$BUILD/k3-worker
+C=$BUILD/k3-coordinator
+if ! command -v strace >/dev/null 2>&1 || ! strace -o /dev/null /bin/true 2>/dev/null; then
+    echo "# skip: strace missing or ptrace not permitted"
+    exit 0
+fi
+for b in "$W" "$C"; do
+    [ -x "$b" ] || { echo "not ok - $b not built"; exit 1; }
+done
+[ -f "$TINY/model.safetensors.index.json" ] || { echo "not ok - $TINY has no index.json"; exit 1; }
+T=$(mktemp -d "${TMPDIR:-/tmp}/k3shards.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+fail=0
+
+# shards the index assigns to layers [a, b) ("global" = no layer prefix)
+expected() {  # a b | global
+    /usr/bin/python3 - "$TINY" "$@" <<'PY'
+import json, re, sys
+d = sys.argv[1]
+m = json.load(open(d + "/model.safetensors.index.json"))["weight_map"]
+out = set()
+for name, f in m.items():
+    g = re.match(r"(language_model\.)?model\.layers\.(\d+)\.", name)
+    if sys.argv[2] == "global":
+        if not g and re.match(r"(language_model\.)?(model\.(embed_tokens|norm)|lm_head|model\.w_out)", name):
+            out.add(f)
+    elif g and int(sys.argv[2]) <= int(g.group(2)) < int(sys.argv[3]):
+        out.add(f)
+print(" ".join(sorted(out)))
+PY
+}
+# shards a trace file opened successfully
+opened() {  # trace-file
+    grep -E 'open(at)?\(.*\.safetensors"' "$1" | grep -v ' = -1 ' |
+        sed -E 's/.*"([^"]*\.safetensors)".*/\1/' | xargs -r -n1 basename | sort -u | tr '\n' ' ' |
+        sed 's/ $//'
+}
+
+# 1. a worker alone, drive benchmark on (it reads shards too)
+for range in "2 4" "0 1" "5 8"; do
+    set -- $range
+    rm -f "$T"/w.*
+    strace -ff -e trace=open,openat -o "$T/w" "$W" --model "$TINY" --layers "$1-$2" \
+        --listen "ipc://$T/w.sock" --threads 1 >"$T/w.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 100); do grep -q serving "$T/w.log" && break; sleep 0.05; done
+    kill -TERM $pid; wait $pid
+    rc=$?
+    want=$(expected "$1" "$2")
+    got=$(cat "$T"/w.* 2>/dev/null | opened /dev/stdin)
+    all=$(ls "$TINY"/*.safetensors | wc -l)
+    if [ "$rc" -eq 0 ] && [ -n "$want" ] && [ "$got" = "$want" ]; then
+        echo "ok - worker [$1, $2) opened only its shards ($got) of $all, benchmark included"
+    else
+        echo "not ok - worker [$1, $2): opened '$got', expected '$want' (exit $rc)"
+        fail=1
+    fi
+done
+
+# 2. a coordinator with 2 local workers: each process's own set
+rm -f "$T"/c.*
+strace -ff -e trace=open,openat -o "$T/c" "$C" --model "$TINY" --ids 5,7,9 --ngen 2 \
+    --local 2 --threads 1 >"$T/c.out" 2>"$T/c.log"
+rc=$?
+ok=1
+summary=""
+for f in "$T"/c.*; do
+    case "$f" in *.out|*.log) continue ;; esac
+    got=$(opened "$f")
+    [ -z "$got" ] && continue
+    if grep -q 'execve(".*k3-worker"' "$f"; then
+        layers=$(grep -o -- '"--layers", "[0-9]*-[0-9]*"' "$f" | head -1 | grep -o '[0-9]*-[0-9]*')
+        want=$(expected "${layers%-*}" "${layers#*-}")
+        who="worker $layers"
+    else
+        want=$(expected global)
+        who="coordinator"
+    fi
+    summary="$summary $who: $got;"
+    [ "$got" = "$want" ] || { ok=0; echo "# $who opened '$got', expected '$want'"; }
+done
+if [ "$rc" -eq 0 ] && [ "$ok" -eq 1 ] && [ -n "$summary" ]; then
+    echo "ok - cluster run: every process opened only its own shards:$summary"
+else
+    echo "not ok - cluster run (exit $rc):$summary"
+    tail -5 "$T/c.log" | sed 's/^/# /'
+    fail=1
+fi
+exit $fail
