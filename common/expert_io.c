@@ -6,8 +6,11 @@
  * Why threads and not io_uring: an expert is one 17.5 MB read, so the
  * syscall count is tiny (16 per token per layer) and the win of io_uring
  * (batched submission) does not apply; N threads each with one large
- * pread in flight keep the drive's queue at depth N, which is what fio
- * needs to reach the drive's speed too (see docs/PERFORMANCE.md).
+ * pread in flight keep the drive's queue at depth N (the block layer
+ * splits each read into 4 MiB requests). Measured side by side
+ * (tests/bench/bench_expert_io.c, docs/PERFORMANCE.md): 2-8 threads and
+ * io_uring at depth 4 or 16 read the same GB/s, equal to a contiguous
+ * read of the same bytes; only 1 thread is slower. So no K3_IO switch.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -118,8 +121,8 @@ static void *loader_main(void *arg) {
         exp_layer *L = it->b->L;
         exp_slot *slot = &L->slots[it->slot];
         double t0 = k3_now_ms();
-        k3_status st =
-            exp_read_expert(s, it->b->layer, it->id, &L->loc[it->id], slot, it->err, sizeof it->err);
+        k3_status st = exp_read_expert(s, it->b->layer, it->id, &L->loc[it->id], slot, it->err,
+                                       sizeof it->err);
         exp_read_done(it, st, t0, k3_now_ms());
     }
 }

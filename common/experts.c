@@ -102,8 +102,8 @@ k3_status k3_experts_open(k3_experts **out, st_index *idx, const k3_config *cfg,
                        "expert store: layers [%d, %d) need at least %.2f GB for experts (1 slot "
                        "x %d MoE layers x %.2f MB per expert), but only %.2f GB is usable (88%% "
                        "of %.2f GB MemAvailable); give this process fewer layers or free memory",
-                       layer_a, layer_b, (double)floor_bytes / 1e9, n_moe,
-                       (double)slot_bytes / 1e6, (double)usable / 1e9, (double)avail / 1e9);
+                       layer_a, layer_b, (double)floor_bytes / 1e9, n_moe, (double)slot_bytes / 1e6,
+                       (double)usable / 1e9, (double)avail / 1e9);
     size_t slots = n_moe ? opts->budget_bytes / ((size_t)n_moe * slot_bytes) : 0;
     if (n_moe && slots < 1) {
         K3_INFO("expert store: budget %.3f GB is below one slot per MoE layer; using the floor "
@@ -166,6 +166,7 @@ void k3_experts_close(k3_experts **sp) {
         free(L->rank);
         free(L->slot_of);
         free(L->usage);
+        free(L->usage_base);
         pthread_mutex_destroy(&L->mu);
         pthread_cond_destroy(&L->cv);
     }
@@ -223,6 +224,7 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
     L->slot_of = k3_xcalloc((size_t)E, sizeof *L->slot_of);
     L->rank = k3_xcalloc((size_t)E, sizeof *L->rank);
     L->usage = k3_xcalloc((size_t)E, sizeof *L->usage);
+    L->usage_base = k3_xcalloc((size_t)E, sizeof *L->usage_base);
     order_key *keys = k3_xcalloc((size_t)E, sizeof *keys);
     int missing = 0, n_keys = 0;
     k3_status st = K3_OK;
@@ -459,8 +461,7 @@ void exp_read_done(exp_item *it, k3_status st, double t0_ms, double t1_ms) {
     if (bad && !L->warned_scale) {
         L->warned_scale = 1;
         K3_WARN("layer %d expert %d: %s byte %llu is %d (decoded as %s; spec 8.4)", b->layer,
-                it->id, k3_exp_part_name[part], (unsigned long long)at, val,
-                val ? "+inf" : "+0");
+                it->id, k3_exp_part_name[part], (unsigned long long)at, val, val ? "+inf" : "+0");
     }
     b->st.busy_ms += t1_ms - t0_ms;
     if (--b->reads_in_flight == 0) b->st.io_ms += t1_ms - b->io_t0;
@@ -468,9 +469,8 @@ void exp_read_done(exp_item *it, k3_status st, double t0_ms, double t1_ms) {
     pthread_mutex_unlock(&L->mu);
 }
 
-k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer,
-                                const int32_t *ids, int n, k3_expert_stats *stats, char *err,
-                                size_t errlen) {
+k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer, const int32_t *ids,
+                                int n, k3_expert_stats *stats, char *err, size_t errlen) {
     *out = NULL;
     exp_layer *L = s ? exp_layer_of(s, layer) : NULL;
     if (!L || !L->loaded)
@@ -490,10 +490,10 @@ k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer,
             st = k3_errf(K3_ERR_ARG, err, errlen, "layer %d: expert %d twice in one batch", layer,
                          ids[i]);
         else if (!L->loc[ids[i]].present)
-            st = k3_errf(
-                K3_ERR_MISSING, err, errlen,
-                "layer %d expert %d: selected by the router but absent from the checkpoint",
-                layer, ids[i]);
+            st =
+                k3_errf(K3_ERR_MISSING, err, errlen,
+                        "layer %d expert %d: selected by the router but absent from the checkpoint",
+                        layer, ids[i]);
         if (st != K3_OK) {
             free(wanted);
             return st;
@@ -578,7 +578,7 @@ void k3_experts_batch_close(k3_expert_batch **bp) {
         if (!b->items[i].put) unpin(L, b->items[i].slot);
     pthread_cond_broadcast(&L->cv);
     pthread_mutex_unlock(&L->mu);
-    k3_expert_stats *o[2] = {b->out, &s->totals};
+    k3_expert_stats *o[2] = {b->out, b->quiet ? NULL : &s->totals};
     pthread_mutex_lock(&s->stats_mu);
     for (int k = 0; k < 2; k++) {
         if (!o[k]) continue;

@@ -121,9 +121,8 @@ typedef struct k3_expert_batch k3_expert_batch;
 
 /* ids are copied; stats (may be NULL) receives the batch's counters at
  * close. Checks the ids before anything is read. */
-k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer,
-                                const int32_t *ids, int n, k3_expert_stats *stats, char *err,
-                                size_t errlen);
+k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer, const int32_t *ids,
+                                int n, k3_expert_stats *stats, char *err, size_t errlen);
 /* Waits (condition variable) until expert i is in memory and fills *view,
  * valid until k3_experts_batch_put(b, i). i must go 0, 1, .. n-1. */
 k3_status k3_experts_batch_get(k3_expert_batch *b, int i, k3_expert_view *view, char *err,
@@ -142,16 +141,25 @@ size_t k3_experts_resident_bytes(k3_experts *s);
 /* ---- usage history (spec 5 "AUTOPIN", common/expert_usage.c) ----
  *
  * Every expert a batch uses is counted per layer. The history file is text:
- *   -1 <n_layers> <n_experts>
- *   -2 1 <engine_id>          (FNV-1a 32 of "kimi_k3")
- *   <layer> <expert> <count>  (non-zero counts only)
- * written to <path>.tmp and renamed. Loading adds the file's counts to the
- * store's; dims or engine id that differ are refused (K3_ERR_MISMATCH). */
+ *   -1 <n_layers> <n_experts>   (the model's, before K3_LAYERS truncation)
+ *   -2 1 <engine_id>            (FNV-1a 32 of "kimi_k3")
+ *   <layer> <expert> <count>    (non-zero counts only)
+ * An all-zero history is a zero-byte file. Dims or engine id that differ
+ * are refused (K3_ERR_MISMATCH, naming the file and both values).
+ *
+ * One file serves every process of a model (in-process coordinator, each
+ * worker's range): load adds the rows of the store's layers to its counts;
+ * save, under an exclusive flock on <path>.lock, re-reads the file, adds the
+ * selections made since this store's last load/save to its own layers' rows,
+ * keeps all other rows, and renames <path>.tmp over it. A missing file
+ * loads as empty; a file that is malformed or mismatched at save time is
+ * left alone and the save fails. */
 k3_status k3_experts_usage_load(k3_experts *s, const char *path, char *err, size_t errlen);
 k3_status k3_experts_usage_save(k3_experts *s, const char *path, char *err, size_t errlen);
 /* Reads the most used experts of every loaded layer into its slots, up to
- * half the slots of the layer, hottest first (disk order inside the layer).
- * *n_read (may be NULL) counts them. */
+ * half the slots of the layer, hottest first (disk order inside the layer),
+ * unpinned. Not counted as usage nor in k3_experts_totals. *n_read (may be
+ * NULL) counts them. */
 k3_status k3_experts_warm(k3_experts *s, int *n_read, char *err, size_t errlen);
 /* Count recorded for (layer, expert) (tests, reports). */
 uint64_t k3_experts_usage_count(k3_experts *s, int layer, int expert);

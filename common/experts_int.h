@@ -42,13 +42,15 @@ typedef struct exp_slot {
 } exp_slot;
 
 typedef struct exp_layer {
-    int loaded;         /* k3_experts_load_layer ran */
-    exp_loc *loc;       /* [n_experts] */
-    int32_t *order;     /* [n_experts] ids in disk order, missing last */
-    int32_t *rank;      /* [n_experts] position of each id in order */
-    int32_t *slot_of;   /* [n_experts] slot holding (or reading) the expert, -1 none */
-    uint64_t *usage;    /* [n_experts] times used (history included) */
-    exp_slot *slots;    /* [n_slots] */
+    int loaded;           /* k3_experts_load_layer ran */
+    exp_loc *loc;         /* [n_experts] */
+    int32_t *order;       /* [n_experts] ids in disk order, missing last */
+    int32_t *rank;        /* [n_experts] position of each id in order */
+    int32_t *slot_of;     /* [n_experts] slot holding (or reading) the expert, -1 none */
+    uint64_t *usage;      /* [n_experts] times used (history included) */
+    uint64_t *usage_base; /* [n_experts] of usage, the part already in the history file
+                             (loaded or saved); a save adds usage - usage_base */
+    exp_slot *slots;      /* [n_slots] */
     int n_slots;
     uint64_t clock;     /* admissions so far (LRU time) */
     int warned_scale;   /* a 0/255 scale byte was reported for this layer */
@@ -59,13 +61,13 @@ typedef struct exp_layer {
 /* One expert of a batch; doubles as the loader's job. */
 typedef struct exp_item {
     int32_t id;
-    int slot;                 /* -1 until admitted */
-    int miss;                 /* this batch queued the read */
-    int reading;              /* queued or being read (guarded by the layer mutex) */
-    int put;                  /* released by the consumer */
-    k3_status st;             /* read result (loader) */
-    char err[320];            /* read error message (loader) */
-    struct exp_item *next;    /* loader queue link */
+    int slot;              /* -1 until admitted */
+    int miss;              /* this batch queued the read */
+    int reading;           /* queued or being read (guarded by the layer mutex) */
+    int put;               /* released by the consumer */
+    k3_status st;          /* read result (loader) */
+    char err[320];         /* read error message (loader) */
+    struct exp_item *next; /* loader queue link */
     struct k3_expert_batch *b;
 } exp_item;
 
@@ -73,16 +75,17 @@ struct k3_expert_batch {
     k3_experts *s;
     exp_layer *L;
     int layer;
-    int n;              /* items */
-    exp_item *items;    /* [n] owned */
-    uint8_t *wanted;    /* [n_experts] 1 = still to be used by this batch */
-    int next_admit;     /* items [0, next_admit) admitted */
-    int next_get;       /* the consumer's position */
-    int held;           /* admitted and not put */
+    int n;           /* items */
+    exp_item *items; /* [n] owned */
+    uint8_t *wanted; /* [n_experts] 1 = still to be used by this batch */
+    int next_admit;  /* items [0, next_admit) admitted */
+    int next_get;    /* the consumer's position */
+    int held;        /* admitted and not put */
     int reads_in_flight;
-    double io_t0;       /* first read start of the current busy period, ms */
-    k3_expert_stats st; /* this batch's counters */
+    double io_t0;         /* first read start of the current busy period, ms */
+    k3_expert_stats st;   /* this batch's counters */
     k3_expert_stats *out; /* caller's stats, may be NULL */
+    int quiet;            /* 1: not added to the store's totals (warm start reads) */
 };
 
 struct k3_experts {

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "layers.h"
+#include "ops_isa.h"
 
 size_t k3_kda_scratch_bytes(const k3_config *c, int T) {
     size_t P = (size_t)c->kda_proj, t = (size_t)T;
@@ -20,46 +21,34 @@ size_t k3_kda_scratch_bytes(const k3_config *c, int T) {
 
 /* Causal depthwise conv + SiLU for one head's d channels of one token, in
  * place: the window (oldest first) shifts left, takes the new input last,
- * and is dotted with the taps in tap order (spec 3.4). */
-static void conv_silu(float *u, float *win, const float *taps, int d, int K) {
+ * and is dotted with the taps in tap order (spec 3.4); then SiLU over the
+ * d outputs at once (vector backends). */
+static void conv_silu(const k3_ops_tab *o, float *u, float *win, const float *taps, int d, int K) {
     for (int c = 0; c < d; c++) {
         float *wc = win + (size_t)c * K;
         const float *tc = taps + (size_t)c * K;
-        memmove(wc, wc + 1, sizeof(float) * (size_t)(K - 1));
+        for (int j = 0; j + 1 < K; j++) wc[j] = wc[j + 1];
         wc[K - 1] = u[c];
         float acc = 0.0f;
         for (int j = 0; j < K; j++) acc += tc[j] * wc[j];
-        u[c] = k3_silu(acc);
+        u[c] = acc;
     }
+    o->silu(u, d);
 }
 
 void k3_kda_head_step(float *S, int d, const float *q, const float *k, const float *v,
                       const float *alpha, float beta, float *o) {
     float u[K3_MAX_KDA_HD], delta[K3_MAX_KDA_HD];
     K3_ASSERT(d > 0 && d <= K3_MAX_KDA_HD);
-    /* 1-2. S <- Diag(alpha) S, and u = S^T k from the decayed state
-     * (one sweep over the key rows; u[j] sums over keys in key order) */
-    for (int j = 0; j < d; j++) u[j] = 0.0f;
-    for (int ki = 0; ki < d; ki++) {
-        float *row = S + (size_t)ki * d;
-        float a = alpha[ki], kk = k[ki];
-        for (int j = 0; j < d; j++) {
-            row[j] = row[j] * a;
-            u[j] += kk * row[j];
-        }
-    }
+    const k3_ops_tab *ops = k3_ops();
+    /* 1-2. S <- Diag(alpha) S and u = S^T k from the decayed state, in one
+     * sweep over the key rows (u[j] sums over keys in key order, fmaf) */
+    ops->kda_decay_read(S, d, alpha, k, u);
     /* 3. delta = beta (v - u) */
     for (int j = 0; j < d; j++) delta[j] = beta * (v[j] - u[j]);
-    /* 4-5. S <- S + k delta^T, and o = S^T q from the UPDATED state */
-    for (int j = 0; j < d; j++) o[j] = 0.0f;
-    for (int ki = 0; ki < d; ki++) {
-        float *row = S + (size_t)ki * d;
-        float kk = k[ki], qq = q[ki];
-        for (int j = 0; j < d; j++) {
-            row[j] = row[j] + kk * delta[j];
-            o[j] += qq * row[j];
-        }
-    }
+    /* 4-5. S <- S + k delta^T and o = S^T q from the UPDATED state, in one
+     * sweep (fmaf for both) */
+    ops->kda_write_read(S, d, k, delta, q, o);
 }
 
 typedef struct kda_task {
@@ -89,35 +78,29 @@ static void kda_head(void *ctx, int h) {
     const float qscale = 1.0f / sqrtf((float)d); /* d^(-1/2) on q only */
     const float A = w->A[h];
 
+    const k3_ops_tab *ops = k3_ops();
+
     for (int t = 0; t < c->T; t++) {
         size_t row = (size_t)t * P + h0;
         float *q = c->q + row, *k = c->k + row, *v = c->v + row, *o = c->o + row;
         /* short conv + SiLU on each of q, k, v (spec 7.4) */
-        conv_silu(q, win_q, w->conv_q + h0 * K, d, K);
-        conv_silu(k, win_k, w->conv_k + h0 * K, d, K);
-        conv_silu(v, win_v, w->conv_v + h0 * K, d, K);
+        conv_silu(ops, q, win_q, w->conv_q + h0 * K, d, K);
+        conv_silu(ops, k, win_k, w->conv_k + h0 * K, d, K);
+        conv_silu(ops, v, win_v, w->conv_v + h0 * K, d, K);
         /* L2 norms, eps 1e-6 inside the sqrt of the sum (float sums) */
-        float sq = 0.0f, sk = 0.0f;
-        for (int i = 0; i < d; i++) {
-            sq += q[i] * q[i];
-            sk += k[i] * k[i];
-        }
-        float nq = sqrtf(sq + 1e-6f), nk = sqrtf(sk + 1e-6f);
+        const float nq = sqrtf(ops->sumsq(q, d) + 1e-6f), nk = sqrtf(ops->sumsq(k, d) + 1e-6f);
         for (int i = 0; i < d; i++) {
             qn[i] = q[i] / nq * qscale;
             kn[i] = k[i] / nk;
         }
         /* decay alpha_i = exp(gate_lb * sigmoid(A_h * (z_i + dt_bias_i))), beta */
-        const float *z = c->z + row;
-        for (int i = 0; i < d; i++)
-            alpha[i] = expf(cfg->gate_lb * k3_sigmoid(A * (z[i] + w->dt_bias[h0 + i])));
+        ops->kda_alpha(alpha, c->z + row, w->dt_bias + h0, A, cfg->gate_lb, d);
         float beta = k3_sigmoid(c->b[(size_t)t * H + h]);
         /* delta rule: decay, read u, write, read o from the updated state */
         k3_kda_head_step(S, d, qn, kn, v, alpha, beta, o);
         /* o_h = RMSNorm(o_h; o_norm, rms_norm_eps) * sigmoid(g_h) */
         k3_rmsnorm(o, o, w->o_norm, d, cfg->eps);
-        const float *g = c->g + row;
-        for (int i = 0; i < d; i++) o[i] = o[i] * k3_sigmoid(g[i]);
+        ops->sigmoid_mul(o, o, c->g + row, d);
     }
 }
 

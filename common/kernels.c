@@ -1,11 +1,15 @@
 /* common/kernels.c: ISA dispatch, the scalar reference kernels, the
- * load-time quantizers (spec 4.2) and the threaded wrappers.
+ * load-time quantizers (spec 4.2), per-thread kernel scratch and the
+ * threaded wrappers.
  *
- * The scalar kernels ARE the specification in code: one float accumulator per
- * (row, token), columns in order, group sums exactly as spec 4.1/4.2 words
- * them. Vector backends (kernels_avx2.c, kernels_avx512.c) are tested
- * against them. Dispatch is one table pointer, chosen once (cpuid, K3_ISA)
- * and changed only by k3_isa_force (tests).
+ * The scalar kernels define the numbers: the values of spec 4.1/4.2 (group
+ * sums times group scales, int8 row scale last, the integer-dot float part
+ * in group order) summed in one fixed order that every vector backend
+ * (kernels_avx2.c, kernels_avx512.c) reproduces bit for bit; see "scalar
+ * reference kernels" below for the order and why it is not the column order
+ * spec 4.1 describes for the original engine's scalar path. Dispatch is one
+ * table pointer, chosen once (cpuid, then K3_ISA) and changed only by
+ * k3_isa_force (tests, not thread-safe against running kernels).
  */
 #include "kernels.h"
 
@@ -113,18 +117,22 @@ static void isa_init(void) {
     const char *env = getenv("K3_ISA");
     if (env && *env) {
         k3_isa want = K3_ISA_SCALAR;
-        if (!strcmp(env, "scalar")) want = K3_ISA_SCALAR;
-        else if (!strcmp(env, "avx2")) want = K3_ISA_AVX2;
-        else if (!strcmp(env, "avx512")) want = K3_ISA_AVX512;
+        if (!strcmp(env, "scalar"))
+            want = K3_ISA_SCALAR;
+        else if (!strcmp(env, "avx2"))
+            want = K3_ISA_AVX2;
+        else if (!strcmp(env, "avx512"))
+            want = K3_ISA_AVX512;
         else {
             K3_WARN("K3_ISA=%s: expected scalar, avx2 or avx512; using %s", env,
                     k3_isa_name(g_detected));
             want = g_detected;
         }
         if (want > g_detected)
-            K3_WARN("K3_ISA=%s: this CPU supports up to %s; using %s", env,
-                    k3_isa_name(g_detected), k3_isa_name(g_detected));
-        else use = want;
+            K3_WARN("K3_ISA=%s: this CPU supports up to %s; using %s", env, k3_isa_name(g_detected),
+                    k3_isa_name(g_detected));
+        else
+            use = want;
     }
     atomic_store_explicit(&g_ops, ops_for(use), memory_order_release);
 }
@@ -156,19 +164,26 @@ k3_status k3_isa_force(k3_isa level, char *err, size_t errlen) {
 
 /* ---- scalar reference kernels ----
  *
- * Exact-float order, reproduced bit for bit by every ISA level: 16 lanes;
- * lane k owns columns k, k+16, k+32, ... (AVX-512: one zmm; AVX2: two ymm,
- * lanes 0-7 and 8-15). Each step is one fused multiply-add (C99 fmaf here,
- * vfmadd there: both round once, so they agree bit for bit).
- * The lanes are summed by the tree t[k] = l[k] + l[k+8], then
- * ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)); the cols % 16 tail columns are then
- * added in column order (fmaf). Group formats (int4-g64, MXFP4) keep a
- * 16-lane group sum (first step a plain multiply, then fmaf), fold it in with
- * acc = fmaf(group sum, group scale, acc), and sum the tree at the end.
+ * Exact-float order, reproduced bit for bit by every ISA level: 16 float
+ * lanes per (row, token) (AVX-512: one zmm; AVX2: two ymm, lanes 0-7 and
+ * 8-15). Each step is one fused multiply-add (C99 fmaf here, vfmadd there:
+ * both round once, so they agree bit for bit). At the end the lanes are
+ * summed by the tree t[k] = l[k] + l[k+8], ((t0+t4)+(t2+t6)) +
+ * ((t1+t5)+(t3+t7)).
+ *   f32 / int8: lane k owns columns k, k+16, k+32, ...; the cols % 16 tail
+ *     columns are then added in column order (fmaf); int8 multiplies the
+ *     row scale last.
+ *   int4-g64 / MXFP4 (the "nibble order"): a block of 32 columns is 16
+ *     packed bytes and lane k owns byte k: column 2k (low nibble), then
+ *     2k+1 (high nibble). Per group a 16-lane group sum (first step a plain
+ *     multiply, then fmaf over the group's 2 blocks (int4) or 1 block
+ *     (MXFP4)), folded in as acc = fmaf(group sum, group scale, acc).
  *
  * Why not one column-order sum: over 7168 columns it carries ~1.5e-6
  * relative error by itself, so no vector kernel could be "within 1e-6" of
- * it; a shared lane order makes them equal instead (and more accurate). */
+ * it; a shared lane order makes them equal instead (and more accurate). The
+ * cost is a libm fmaf per multiply-add here; the scalar level is a
+ * reference and a fallback, not a fast path. */
 
 #define LANES 16
 
@@ -210,10 +225,8 @@ static void sc_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0
     }
 }
 
-/* Nibble formats (int4-g64, MXFP4) use the nibble order: a block of 32
- * columns is 16 packed bytes, and lane k owns byte k, i.e. column 2k (low
- * nibble) and then column 2k+1 (high nibble). The vector decoders then never
- * interleave nibbles; they permute the activations once per call instead. */
+/* Nibble order (above): the vector decoders then never interleave nibbles;
+ * they permute the activations once per call instead. */
 static void sc_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
     const int cols = m->cols, ng = cols / 64;
     for (int r = r0; r < r1; r++) {
@@ -264,8 +277,8 @@ static void sc_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0
     }
 }
 
-float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols,
-                          const int8_t *xq, const float *xs) {
+float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols, const int8_t *xq,
+                          const float *xs) {
     float acc = 0.0f;
     for (int g = 0; g < cols / 32; g++) {
         int32_t isum = 0;
@@ -281,8 +294,8 @@ float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols,
     return acc;
 }
 
-static void sc_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
-                     int r0, int r1) {
+static void sc_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y, int r0,
+                     int r1) {
     const int cols = w->cols, ng = cols / 32;
     for (int r = r0; r < r1; r++) {
         const uint8_t *p = w->packed + (size_t)r * (cols / 2);
@@ -534,8 +547,8 @@ void k3_mxfp4_matmul_f32_mt(const k3_mxfp4 *w, const float *x, int n, float *y, 
     mm_run(&j, pool);
 }
 
-void k3_mxfp4_matmul_i8_mt(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
-                           float *y, k3_pool *pool) {
+void k3_mxfp4_matmul_i8_mt(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                           k3_pool *pool) {
     if (n <= 0 || w->rows == 0) return;
     mm_job j = {.kind = 2, .w = w, .xq = xq, .xs = xs, .n = n, .rows = w->rows, .y = y};
     mm_run(&j, pool);

@@ -15,9 +15,9 @@
  * forces a level. Within one ISA level the result of a (row, token) dot is the
  * same bits whatever n (chunk size), the row range split or the thread count:
  * matmul over n tokens is n matvecs with the same summation order. All levels
- * share one summation order (16 strided lanes, fused multiply-add, a fixed lane
- * tree; kernels.c), so exact-float results are bit-identical across levels
- * too, and integer-dot paths (k3_mxfp4_*_i8) are exact by construction.
+ * share one summation order (16 lanes, fused multiply-add, a fixed lane tree;
+ * kernels.c), so exact-float results are bit-identical across levels too,
+ * and integer-dot paths (k3_mxfp4_*_i8) are bit-exact across levels.
  *
  * Threads: all functions are reentrant; the *_mt variants use the pool.
  */

@@ -6,8 +6,10 @@
  * Exact-float kernels follow the scalar 16-lane order of kernels.c bit for
  * bit: lanes 0-7 live in one ymm accumulator (columns 16j+0..7), lanes 8-15
  * in a second one (16j+8..15); vfmadd where the scalar calls fmaf (both
- * round once); the final hsum16(lo, hi) is the scalar lane tree. MXFP4 uses doubled e2m1 values
- * and 2^(s-127)/2 like the scalar. Integer-dot kernels keep the float part
+ * round once); the final hsum16(lo, hi) is the scalar lane tree. MXFP4
+ * uses doubled e2m1 values and 2^(s-127)/2 like the scalar; nibble formats
+ * run in the nibble order of kernels.c on permuted activations (the decoders
+ * never interleave nibbles). Integer-dot kernels keep the float part
  * (acc += isum * f in group order) in lanes that are ROWS, the scalar's
  * operation sequence per row.
  *
@@ -21,9 +23,9 @@
 
 #include "kernels_isa.h"
 
-#define AVX2_FN __attribute__((target("avx2,fma")))
+#define AVX2_FN  __attribute__((target("avx2,fma")))
 #define AVX2_INL static inline __attribute__((target("avx2,fma"), always_inline))
-#define UNROLL _Pragma("GCC unroll 8")
+#define UNROLL   _Pragma("GCC unroll 8")
 
 /* the scalar lane tree on lo + hi: ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)) */
 AVX2_INL float hsum16(__m256 lo, __m256 hi) {
@@ -32,6 +34,15 @@ AVX2_INL float hsum16(__m256 lo, __m256 hi) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* Decode (n = 1) streams a block of R consecutive rows at once (R streams,
+ * interleaved); the hardware prefetcher alone reaches ~2/3 of the read
+ * bandwidth there. So while a block runs, the same position of the NEXT
+ * block (block_bytes ahead: the rows are contiguous) is prefetched into L2,
+ * once per cache line of each row. */
+static inline void pf_next(const void *p, size_t block_bytes) {
+    _mm_prefetch((const char *)p + block_bytes, _MM_HINT_T1);
 }
 
 /* acc + a*b rounded once: the scalar's fmaf(a, b, acc) */
@@ -75,9 +86,11 @@ AVX2_INL void dec_mx(const uint8_t *p, __m256 w[4]) {
 static AVX2_FN void perm_nibble_order(const float *x, size_t count, float *xp) {
     for (size_t i = 0; i < count; i += 32) {
         for (int h = 0; h < 2; h++) {
-            const __m256 a = _mm256_loadu_ps(x + i + 16 * h), b = _mm256_loadu_ps(x + i + 16 * h + 8);
+            const __m256 a = _mm256_loadu_ps(x + i + 16 * h),
+                         b = _mm256_loadu_ps(x + i + 16 * h + 8);
             const __m256 e = _mm256_shuffle_ps(a, b, 0x88), o = _mm256_shuffle_ps(a, b, 0xDD);
-            _mm256_storeu_ps(xp + i + 8 * h, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
+            _mm256_storeu_ps(xp + i + 8 * h,
+                             _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xD8)));
             _mm256_storeu_ps(xp + i + 16 + 8 * h,
                              _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xD8)));
         }
@@ -100,15 +113,23 @@ AVX2_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, floa
     int c = 0;
     for (; c + 16 <= cols; c += 16) {
         __m256 w[4];
-        UNROLL for (int i = 0; i < R; i++) w[i] =
-            kind == 0 ? _mm256_loadu_ps(wf + (size_t)i * cols + c) : dec_i8(wq + (size_t)i * cols + c);
+        if (T == 1) /* streaming (decode): one prefetch per row per cache line */
+            UNROLL for (int i = 0; i < R; i++) {
+                if (kind == 0)
+                    pf_next(wf + (size_t)i * cols + c, (size_t)R * cols * 4);
+                else if ((c & 63) == 0)
+                    pf_next(wq + (size_t)i * cols + c, (size_t)R * cols);
+            }
+        UNROLL for (int i = 0; i < R; i++) w[i] = kind == 0
+                                                      ? _mm256_loadu_ps(wf + (size_t)i * cols + c)
+                                                      : dec_i8(wq + (size_t)i * cols + c);
         UNROLL for (int j = 0; j < T; j++) {
             const __m256 xv = _mm256_loadu_ps(x + (size_t)j * cols + c);
             UNROLL for (int i = 0; i < R; i++) a0[i][j] = mul_add(a0[i][j], w[i], xv);
         }
-        UNROLL for (int i = 0; i < R; i++) w[i] = kind == 0
-                                                      ? _mm256_loadu_ps(wf + (size_t)i * cols + c + 8)
-                                                      : dec_i8(wq + (size_t)i * cols + c + 8);
+        UNROLL for (int i = 0; i < R; i++) w[i] =
+            kind == 0 ? _mm256_loadu_ps(wf + (size_t)i * cols + c + 8)
+                      : dec_i8(wq + (size_t)i * cols + c + 8);
         UNROLL for (int j = 0; j < T; j++) {
             const __m256 xv = _mm256_loadu_ps(x + (size_t)j * cols + c + 8);
             UNROLL for (int i = 0; i < R; i++) a1[i][j] = mul_add(a1[i][j], w[i], xv);
@@ -117,7 +138,8 @@ AVX2_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, floa
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
         float s = hsum16(a0[i][j], a1[i][j]);
         for (int cc = c; cc < cols; cc++) {
-            const float wv = kind == 0 ? wf[(size_t)i * cols + cc] : (float)wq[(size_t)i * cols + cc];
+            const float wv =
+                kind == 0 ? wf[(size_t)i * cols + cc] : (float)wq[(size_t)i * cols + cc];
             s = fmaf(wv, x[(size_t)j * cols + cc], s);
         }
         out[i * T + j] = s;
@@ -138,6 +160,9 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
     }
     for (int g = 0; g < ng; g++) {
         __m256 g0[4][4], g1[4][4];
+        if (T == 1 && (g & 1) == 0)
+            UNROLL for (int i = 0; i < R; i++)
+                pf_next(qb + (size_t)i * (cols / 2) + g * 32, (size_t)R * (cols / 2));
         UNROLL for (int blk = 0; blk < 2; blk++) {
             UNROLL for (int h = 0; h < 2; h++) { /* h: lanes 0-7 or 8-15 */
                 __m256 ev[4], od[4];
@@ -145,7 +170,8 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
                     dec_i4(qb + (size_t)i * (cols / 2) + g * 32 + blk * 16 + h * 8, &ev[i], &od[i]);
                 UNROLL for (int j = 0; j < T; j++) {
                     const float *xb = x + (size_t)j * cols + g * 64 + blk * 32;
-                    const __m256 xe = _mm256_loadu_ps(xb + 8 * h), xo = _mm256_loadu_ps(xb + 16 + 8 * h);
+                    const __m256 xe = _mm256_loadu_ps(xb + 8 * h),
+                                 xo = _mm256_loadu_ps(xb + 16 + 8 * h);
                     UNROLL for (int i = 0; i < R; i++) {
                         __m256 *gs = h ? &g1[i][j] : &g0[i][j];
                         *gs = blk == 0 ? _mm256_mul_ps(ev[i], xe) : mul_add(*gs, ev[i], xe);
@@ -179,6 +205,9 @@ AVX2_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int 
     }
     for (int g = 0; g < ng; g++) {
         __m256 w[4][4], f[4];
+        if (T == 1 && (g & 3) == 0)
+            UNROLL for (int i = 0; i < R; i++)
+                pf_next(pb + (size_t)i * (cols / 2) + g * 16, (size_t)R * (cols / 2));
         UNROLL for (int i = 0; i < R; i++) {
             dec_mx(pb + (size_t)i * (cols / 2) + g * 16, w[i]);
             f[i] = _mm256_broadcast_ss(&k3_e8m0_half[sb[(size_t)i * ng + g]]);
@@ -221,13 +250,13 @@ typedef void (*tile_fn)(const void *mat, int r, const float *x, float *out);
         {NAME##_4_1, NULL, NULL, NULL},                                                            \
     };
 #define TILE_FN(NAME, CALL, R, T)                                                                  \
-    static AVX2_FN void NAME##_##R##_##T(const void *mat, int r, const float *x, float *out) {    \
+    static AVX2_FN void NAME##_##R##_##T(const void *mat, int r, const float *x, float *out) {     \
         CALL(R, T);                                                                                \
     }
 #define CALL_F32(R, T) dense_tile(0, mat, r, x, out, R, T)
-#define CALL_I8(R, T) dense_tile(1, mat, r, x, out, R, T)
-#define CALL_I4(R, T) i4_tile(mat, r, x, out, R, T)
-#define CALL_MX(R, T) mx_tile(mat, r, x, out, R, T)
+#define CALL_I8(R, T)  dense_tile(1, mat, r, x, out, R, T)
+#define CALL_I4(R, T)  i4_tile(mat, r, x, out, R, T)
+#define CALL_MX(R, T)  mx_tile(mat, r, x, out, R, T)
 TILE_FNS(tf32, CALL_F32)
 TILE_FNS(ti8, CALL_I8)
 TILE_FNS(ti4, CALL_I4)
@@ -245,7 +274,8 @@ static void tiles_run(const tile_fn fns[4][4], int rb, int tb, const void *mat, 
         for (int t = 0; t < n; t += tb) {
             const int T = n - t < tb ? n - t : tb;
             const float *xt = x + (size_t)t * cols;
-            if (fns[R - 1][T - 1]) fns[R - 1][T - 1](mat, r, xt, out);
+            if (fns[R - 1][T - 1])
+                fns[R - 1][T - 1](mat, r, xt, out);
             else
                 for (int i = 0; i < R; i++) fns[0][T - 1](mat, r + i, xt, out + i * T);
             for (int i = 0; i < R; i++)
@@ -266,16 +296,25 @@ static void avx2_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int 
               m->scales);
 }
 
+/* Nibble formats: activations permuted into per-thread scratch, in token
+ * chunks that keep it under K3_KERN_SCRATCH_MAX. */
+static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows,
+                        int cols, const float *x, int n, float *y, int r0, int r1) {
+    const int tch = k3_kern_chunk(n, (size_t)cols * sizeof(float));
+    float *xp = k3_kern_scratch((size_t)tch * cols * sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        perm_nibble_order(x + (size_t)t0 * cols, (size_t)tn * cols, xp);
+        tiles_run(fns, rb, tb, mat, rows, cols, xp, tn, y + (size_t)t0 * rows, r0, r1, NULL);
+    }
+}
+
 static void avx2_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    float *xp = k3_kern_scratch((size_t)n * m->cols * sizeof(float));
-    perm_nibble_order(x, (size_t)n * m->cols, xp);
-    tiles_run(ti4_fns, n == 1 ? 3 : 1, n == 1 ? 1 : 3, m, m->rows, m->cols, xp, n, y, r0, r1, NULL);
+    nibble_rows(ti4_fns, n == 1 ? 3 : 1, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1);
 }
 
 static void avx2_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
-    float *xp = k3_kern_scratch((size_t)n * w->cols * sizeof(float));
-    perm_nibble_order(x, (size_t)n * w->cols, xp);
-    tiles_run(tmx_fns, n == 1 ? 2 : 1, n == 1 ? 1 : 4, w, w->rows, w->cols, xp, n, y, r0, r1, NULL);
+    nibble_rows(tmx_fns, n == 1 ? 2 : 1, n == 1 ? 1 : 4, w, w->rows, w->cols, x, n, y, r0, r1);
 }
 
 /* ---- MXFP4 integer-dot ----
@@ -321,7 +360,8 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
     int g = 0;
     for (; g + 8 <= gn; g += 8) {
         __m128i a[8];
-        for (int i = 0; i < 8; i++) a[i] = _mm_loadl_epi64((const __m128i *)(scale + i * ld + g0 + g));
+        for (int i = 0; i < 8; i++)
+            a[i] = _mm_loadl_epi64((const __m128i *)(scale + i * ld + g0 + g));
         const __m128i b0 = _mm_unpacklo_epi8(a[0], a[1]), b1 = _mm_unpacklo_epi8(a[2], a[3]);
         const __m128i b2 = _mm_unpacklo_epi8(a[4], a[5]), b3 = _mm_unpacklo_epi8(a[6], a[7]);
         const __m128i c0 = _mm_unpacklo_epi16(b0, b1), c1 = _mm_unpackhi_epi16(b0, b1);
@@ -352,6 +392,9 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
         g0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);                              \
     for (int g = 0; g < gn; g++) {                                                                 \
         __m256i u[8];                                                                              \
+        if (T == 1 && (g & 3) == 0)                                                                \
+            UNROLL for (int i = 0; i < 8; i++)                                                     \
+                pf_next(pb + i * ldp + (size_t)(g0 + g) * 16, 8 * ldp);                            \
         UNROLL for (int i = 0; i < 8; i++) u[i] = mxi8_dec(pb + i * ldp + (size_t)(g0 + g) * 16);  \
         const __m256 e = _mm256_load_ps(eh + g * 8);                                               \
         UNROLL for (int j = 0; j < T; j++) {                                                       \
@@ -367,7 +410,7 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
 
 #define DOT_AVX2(u, q) _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), _mm256_set1_epi16(1))
 #define DOT_VNNI(u, q) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q)
-#define VNNI_FN __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+#define VNNI_FN        __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
 
 #define MXI8_ARGS                                                                                  \
     const uint8_t *pb, size_t ldp, const float *eh, const int32_t *corr, int ldc,                  \
@@ -474,7 +517,8 @@ static AVX2_FN void avx2_act_q8(const float *x, int n, int cols, int8_t *q, floa
             for (int k = 0; k < 4; k++) {
                 __m256 r = _mm256_round_ps(_mm256_mul_ps(v[k], inv),
                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                r = _mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.0f)), _mm256_set1_ps(-127.0f));
+                r = _mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.0f)),
+                                  _mm256_set1_ps(-127.0f));
                 iv[k] = _mm256_cvtps_epi32(r);
             }
             __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]),

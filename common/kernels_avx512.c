@@ -6,7 +6,8 @@
  * Exact-float kernels: one zmm accumulator per (row, token) is exactly the
  * 16 lanes of the scalar order (kernels.c); vfmadd where the scalar calls
  * fmaf (both round once); the final reduction adds the two 256-bit halves
- * and runs the scalar lane tree. Weights are decoded to floats by 16-entry vpermps table lookups.
+ * and runs the scalar lane tree. Weights are decoded to floats by 16-entry
+ * vpermps table lookups.
  *
  * MXFP4 integer-dot: 16 rows at a time with ROWS in the 32-bit lanes, so the
  * group's integer sum lands in a row lane directly (no horizontal sums) and
@@ -14,6 +15,12 @@
  * 16 rows' 32 doubled values d = 2v (s8) are transposed into 8 vectors of
  * 4 columns x 16 rows; the activations enter as q + 128 (u8, broadcast per
  * 4 columns) through vpdpbusd, and 128 * sum(d) is taken back (exact).
+ * Below ZI8_MIN_N tokens the shuffles of that transpose cost more than they
+ * save, and the 8-row ymm kernel of kernels_avx2.c runs with vpdpbusd.
+ *
+ * Measured on the Zen 4 (Genoa) this was tuned on: zmm instructions are
+ * double-pumped there, so AVX-512 wins by needing fewer instructions per
+ * weight (vpermps decode, vpdpbusd), not by width.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -22,9 +29,9 @@
 #include "kernels_isa.h"
 
 #define Z_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
-#define Z_FN __attribute__((target(Z_TARGET)))
-#define Z_INL static inline __attribute__((target(Z_TARGET), always_inline))
-#define UNROLL _Pragma("GCC unroll 16")
+#define Z_FN     __attribute__((target(Z_TARGET)))
+#define Z_INL    static inline __attribute__((target(Z_TARGET), always_inline))
+#define UNROLL   _Pragma("GCC unroll 16")
 
 /* the scalar lane tree: t = lo8 + hi8, ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)) */
 Z_INL float hsum16(__m512 a) {
@@ -34,6 +41,15 @@ Z_INL float hsum16(__m512 a) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* Decode (n = 1) streams a block of R consecutive rows at once (R streams,
+ * interleaved); the hardware prefetcher alone reaches ~2/3 of the read
+ * bandwidth there. So while a block runs, the same position of the NEXT
+ * block (block_bytes ahead: the rows are contiguous) is prefetched into L2,
+ * once per cache line of each row. */
+static inline void pf_next(const void *p, size_t block_bytes) {
+    _mm_prefetch((const char *)p + block_bytes, _MM_HINT_T1);
 }
 
 /* acc + a*b rounded once: the scalar's fmaf(a, b, acc) */
@@ -73,12 +89,21 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
     const float *wf = kind == 0 ? m->w + (size_t)r * cols : NULL;
     const int8_t *wq = kind == 1 ? m->q8 + (size_t)r * cols : NULL;
     __m512 acc[4][4];
-    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] =
+        _mm512_setzero_ps();
     int c = 0;
     for (; c + 16 <= cols; c += 16) {
         __m512 w[4];
-        UNROLL for (int i = 0; i < R; i++) w[i] =
-            kind == 0 ? _mm512_loadu_ps(wf + (size_t)i * cols + c) : dec_i8(wq + (size_t)i * cols + c);
+        if (T == 1) /* streaming (decode): one prefetch per row per cache line */
+            UNROLL for (int i = 0; i < R; i++) {
+                if (kind == 0)
+                    pf_next(wf + (size_t)i * cols + c, (size_t)R * cols * 4);
+                else if ((c & 63) == 0)
+                    pf_next(wq + (size_t)i * cols + c, (size_t)R * cols);
+            }
+        UNROLL for (int i = 0; i < R; i++) w[i] = kind == 0
+                                                      ? _mm512_loadu_ps(wf + (size_t)i * cols + c)
+                                                      : dec_i8(wq + (size_t)i * cols + c);
         UNROLL for (int j = 0; j < T; j++) {
             const __m512 xv = _mm512_loadu_ps(x + (size_t)j * cols + c);
             UNROLL for (int i = 0; i < R; i++) acc[i][j] = mul_add(acc[i][j], w[i], xv);
@@ -87,7 +112,8 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
         float s = hsum16(acc[i][j]);
         for (int cc = c; cc < cols; cc++) {
-            const float wv = kind == 0 ? wf[(size_t)i * cols + cc] : (float)wq[(size_t)i * cols + cc];
+            const float wv =
+                kind == 0 ? wf[(size_t)i * cols + cc] : (float)wq[(size_t)i * cols + cc];
             s = fmaf(wv, x[(size_t)j * cols + cc], s);
         }
         out[i * T + j] = s;
@@ -102,9 +128,13 @@ Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, i
     const float *sb = m->scales + (size_t)r * ng;
     const __m512 tab = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     __m512 acc[4][4];
-    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] =
+        _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
         __m512 gs[4][4];
+        if (T == 1 && (g & 1) == 0)
+            UNROLL for (int i = 0; i < R; i++)
+                pf_next(qb + (size_t)i * (cols / 2) + g * 32, (size_t)R * (cols / 2));
         UNROLL for (int blk = 0; blk < 2; blk++) {
             __m512 ev[4], od[4];
             UNROLL for (int i = 0; i < R; i++)
@@ -135,9 +165,13 @@ Z_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int R, 
     const uint8_t *sb = m->scale + (size_t)r * ng;
     const __m512 tab = _mm512_setr_ps(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     __m512 acc[4][4];
-    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] = _mm512_setzero_ps();
+    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] =
+        _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
         __m512 ev[4], od[4], f[4];
+        if (T == 1 && (g & 3) == 0)
+            UNROLL for (int i = 0; i < R; i++)
+                pf_next(pb + (size_t)i * (cols / 2) + g * 16, (size_t)R * (cols / 2));
         UNROLL for (int i = 0; i < R; i++) {
             dec_nib(pb + (size_t)i * (cols / 2) + g * 16, tab, &ev[i], &od[i]);
             f[i] = _mm512_set1_ps(k3_e8m0_half[sb[(size_t)i * ng + g]]);
@@ -181,13 +215,13 @@ typedef void (*tile_fn)(const void *mat, int r, const float *x, float *out);
         {NAME##_4_1, NAME##_4_2, NAME##_4_3, NAME##_4_4},                                          \
     };
 #define TILE_FN(NAME, CALL, R, T)                                                                  \
-    static Z_FN void NAME##_##R##_##T(const void *mat, int r, const float *x, float *out) {       \
+    static Z_FN void NAME##_##R##_##T(const void *mat, int r, const float *x, float *out) {        \
         CALL(R, T);                                                                                \
     }
 #define CALL_F32(R, T) dense_tile(0, mat, r, x, out, R, T)
-#define CALL_I8(R, T) dense_tile(1, mat, r, x, out, R, T)
-#define CALL_I4(R, T) i4_tile(mat, r, x, out, R, T)
-#define CALL_MX(R, T) mx_tile(mat, r, x, out, R, T)
+#define CALL_I8(R, T)  dense_tile(1, mat, r, x, out, R, T)
+#define CALL_I4(R, T)  i4_tile(mat, r, x, out, R, T)
+#define CALL_MX(R, T)  mx_tile(mat, r, x, out, R, T)
 TILE_FNS(zf32, CALL_F32)
 TILE_FNS(zq8, CALL_I8)
 TILE_FNS(zi4, CALL_I4)
@@ -221,22 +255,31 @@ static void z_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0,
     tiles_run(zq8_fns, 4, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, m->scales);
 }
 
+/* Nibble formats: activations permuted into per-thread scratch, in token
+ * chunks that keep it under K3_KERN_SCRATCH_MAX. */
+static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows,
+                        int cols, const float *x, int n, float *y, int r0, int r1) {
+    const int tch = k3_kern_chunk(n, (size_t)cols * sizeof(float));
+    float *xp = k3_kern_scratch((size_t)tch * cols * sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        perm_nibble_order(x + (size_t)t0 * cols, (size_t)tn * cols, xp);
+        tiles_run(fns, rb, tb, mat, rows, cols, xp, tn, y + (size_t)t0 * rows, r0, r1, NULL);
+    }
+}
+
 static void z_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    float *xp = k3_kern_scratch((size_t)n * m->cols * sizeof(float));
-    perm_nibble_order(x, (size_t)n * m->cols, xp);
-    tiles_run(zi4_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 4, m, m->rows, m->cols, xp, n, y, r0, r1, NULL);
+    nibble_rows(zi4_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1);
 }
 
 static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
-    float *xp = k3_kern_scratch((size_t)n * w->cols * sizeof(float));
-    perm_nibble_order(x, (size_t)n * w->cols, xp);
-    tiles_run(zmx_fns, n == 1 ? 4 : 3, n == 1 ? 1 : 4, w, w->rows, w->cols, xp, n, y, r0, r1, NULL);
+    nibble_rows(zmx_fns, n == 1 ? 4 : 3, n == 1 ? 1 : 4, w, w->rows, w->cols, x, n, y, r0, r1);
 }
 
 /* ---- MXFP4 integer-dot, 16 rows per block ---- */
 
-#define ZI8_T 16    /* tokens per tile (accumulators in registers) */
-#define ZI8_MIN_N 3 /* below: k3_mx_i8_rows_vnni256 (the 8-row ymm kernel) is faster */
+#define ZI8_T     16 /* tokens per tile (accumulators in registers) */
+#define ZI8_MIN_N 3  /* below: k3_mx_i8_rows_vnni256 (the 8-row ymm kernel) is faster */
 
 /* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
  * 16 floats per group. Full chunks of 16 groups go through a 16x16 byte
@@ -245,7 +288,8 @@ Z_INL void zi8_scales(const uint8_t *scale, size_t ld, int g0, int gn, float *eh
     int g = 0;
     for (; g + 16 <= gn; g += 16) {
         __m128i a[16], b[16];
-        for (int i = 0; i < 16; i++) a[i] = _mm_loadu_si128((const __m128i *)(scale + i * ld + g0 + g));
+        for (int i = 0; i < 16; i++)
+            a[i] = _mm_loadu_si128((const __m128i *)(scale + i * ld + g0 + g));
         for (int i = 0; i < 8; i++) { /* bytes: row pairs */
             b[2 * i] = _mm_unpacklo_epi8(a[2 * i], a[2 * i + 1]);
             b[2 * i + 1] = _mm_unpackhi_epi8(a[2 * i], a[2 * i + 1]);
@@ -264,10 +308,14 @@ Z_INL void zi8_scales(const uint8_t *scale, size_t ld, int g0, int gn, float *eh
             const __m128i lo = _mm_unpacklo_epi64(b[j], b[8 + j]);
             const __m128i hi = _mm_unpackhi_epi64(b[j], b[8 + j]);
             const __m512 half = _mm512_set1_ps(0.5f);
-            _mm512_store_ps(eh + (g + 2 * j) * 16,
-                            _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(lo), 23)), half));
-            _mm512_store_ps(eh + (g + 2 * j + 1) * 16,
-                            _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(hi), 23)), half));
+            _mm512_store_ps(
+                eh + (g + 2 * j) * 16,
+                _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(lo), 23)),
+                              half));
+            _mm512_store_ps(
+                eh + (g + 2 * j + 1) * 16,
+                _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu8_epi32(hi), 23)),
+                              half));
         }
     }
     for (; g < gn; g++)
@@ -279,8 +327,8 @@ Z_INL void zi8_scales(const uint8_t *scale, size_t ld, int g0, int gn, float *eh
  * -128 * sum(d) per row: the start value that takes back the +128 offset of
  * the u8 activations. */
 Z_INL __m512i zi8_decode(const uint8_t *p, size_t ldp, __m512i D[8]) {
-    const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1,
-                                         2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
+                                         1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
     const __m256i sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     __m256i d[16];
     UNROLL for (int i = 0; i < 16; i++) {
@@ -325,7 +373,8 @@ Z_INL void zi8_tile(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs
     __m512 acc[ZI8_T];
     UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
-        if ((g & 63) == 0) zi8_scales(w->scale + (size_t)r * ng, (size_t)ng, g, ng - g < 64 ? ng - g : 64, eh);
+        if ((g & 63) == 0)
+            zi8_scales(w->scale + (size_t)r * ng, (size_t)ng, g, ng - g < 64 ? ng - g : 64, eh);
         __m512i D[8];
         const __m512i corr = zi8_decode(w->packed + (size_t)r * ldp + (size_t)g * 16, ldp, D);
         const __m512 e = _mm512_load_ps(eh + (g & 63) * 16);
@@ -335,7 +384,8 @@ Z_INL void zi8_tile(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs
             memcpy(q4, q, 32);
             /* the sum starts at -128*sum(d): what remains is sum(q*d), exact */
             __m512i isum = corr;
-            UNROLL for (int k = 0; k < 8; k++) isum = _mm512_dpbusd_epi32(isum, _mm512_set1_epi32(q4[k]), D[k]);
+            UNROLL for (int k = 0; k < 8; k++) isum =
+                _mm512_dpbusd_epi32(isum, _mm512_set1_epi32(q4[k]), D[k]);
             const __m512 f = _mm512_mul_ps(e, _mm512_set1_ps(xs[(size_t)j * ng + g]));
             acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), f));
         }
@@ -344,7 +394,7 @@ Z_INL void zi8_tile(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs
 }
 
 #define ZI8_TILE_FN(T)                                                                             \
-    static Z_FN void zi8_##T(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs,        \
+    static Z_FN void zi8_##T(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs,         \
                              float *eh, float *y) {                                                \
         zi8_tile(w, r, qp, xs, eh, y, T);                                                          \
     }
@@ -365,13 +415,14 @@ ZI8_TILE_FN(14)
 ZI8_TILE_FN(15)
 ZI8_TILE_FN(16)
 typedef void (*zi8_fn)(const k3_mxfp4 *, int, const uint8_t *, const float *, float *, float *);
-static const zi8_fn zi8_fns[ZI8_T] = {zi8_1,  zi8_2,  zi8_3,  zi8_4,  zi8_5,  zi8_6,  zi8_7,  zi8_8,
-                                      zi8_9,  zi8_10, zi8_11, zi8_12, zi8_13, zi8_14, zi8_15, zi8_16};
+static const zi8_fn zi8_fns[ZI8_T] = {zi8_1,  zi8_2,  zi8_3,  zi8_4,  zi8_5,  zi8_6,
+                                      zi8_7,  zi8_8,  zi8_9,  zi8_10, zi8_11, zi8_12,
+                                      zi8_13, zi8_14, zi8_15, zi8_16};
 
 /* q [n][cols] -> qp: per group [even columns | odd columns], + 128 as u8 */
 static Z_FN void zi8_prep(const int8_t *q, int n, int cols, uint8_t *qp) {
-    const __m256i idx = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4,
-                                         6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i idx = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
+                                         4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     for (size_t i = 0; i < (size_t)n * cols; i += 32) {
         __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(q + i)), idx);
@@ -389,17 +440,19 @@ static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
         k3_mx_i8_rows_vnni256(w, xq, xs, n, y, r0, r1);
         return;
     }
-    if (r16 > r0) {
-        uint8_t *qp = k3_kern_scratch((size_t)n * cols);
-        _Alignas(64) float eh[64 * 16];
-        zi8_prep(xq, n, cols, qp);
+    const int tch = k3_kern_chunk(n, (size_t)cols);
+    uint8_t *qp = r16 > r0 ? k3_kern_scratch((size_t)tch * cols) : NULL;
+    _Alignas(64) float eh[64 * 16];
+    for (int t0 = 0; t0 < n && r16 > r0; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        zi8_prep(xq + (size_t)t0 * cols, tn, cols, qp);
         for (int r = r0; r < r16; r += 16)
-            for (int t = 0, tiles = (n + ZI8_T - 1) / ZI8_T; t < n;) {
+            for (int t = 0, tiles = (tn + ZI8_T - 1) / ZI8_T; t < tn;) {
                 /* balanced tiles: 20 tokens run as 10 + 10, not 16 + 4 */
-                const int T = (n - t + tiles - 1) / tiles;
+                const int T = (tn - t + tiles - 1) / tiles;
                 tiles--;
-                zi8_fns[T - 1](w, r, qp + (size_t)t * cols, xs + (size_t)t * ng, eh,
-                               y + (size_t)t * w->rows + r);
+                zi8_fns[T - 1](w, r, qp + (size_t)t * cols, xs + (size_t)(t0 + t) * ng, eh,
+                               y + (size_t)(t0 + t) * w->rows + r);
                 t += T;
             }
     }
@@ -427,8 +480,10 @@ static Z_FN void z_act_q8(const float *x, int n, int cols, int8_t *q, float *s) 
             sg = sg > 1e-20f ? sg : 1e-20f;
             const __m512 inv = _mm512_set1_ps(1.0f / sg);
             const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
-            __m512 a = _mm512_roundscale_ps(_mm512_mul_ps(v0, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            __m512 b = _mm512_roundscale_ps(_mm512_mul_ps(v1, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512 a = _mm512_roundscale_ps(_mm512_mul_ps(v0, inv),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            __m512 b = _mm512_roundscale_ps(_mm512_mul_ps(v1, inv),
+                                            _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
             a = _mm512_max_ps(_mm512_min_ps(a, hi), lo);
             b = _mm512_max_ps(_mm512_min_ps(b, hi), lo);
             int8_t *qg = q + (size_t)t * cols + g * 32;

@@ -38,8 +38,8 @@ extern const int8_t k3_e2m1_x2[16];
 
 /* Scalar per-row helpers the vector backends reuse for tail rows so that a
  * row computed by the tail has exactly the scalar bits (integer-dot only). */
-float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols,
-                          const int8_t *xq, const float *xs);
+float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols, const int8_t *xq,
+                          const float *xs);
 
 /* The AVX2 integer-dot kernel with vpdpbusd on ymm (needs AVX-512 VL + VNNI):
  * the AVX-512 level's choice for small n, where its 16-row transposed kernel
@@ -48,7 +48,17 @@ void k3_mx_i8_rows_vnni256(const k3_mxfp4 *w, const int8_t *xq, const float *xs,
                            int r0, int r1);
 
 /* A per-thread buffer of at least `bytes`, 64-byte aligned, valid until the
- * next call on the same thread. Aborts on OOM (sizes are the kernels' own). */
+ * next call on the same thread. Aborts on OOM (sizes are the kernels' own).
+ * It lives as long as its thread, so callers keep requests under
+ * K3_KERN_SCRATCH_MAX (16 MiB: 512 tokens of a 7168-wide f32 activation)
+ * by splitting large calls into token chunks. */
+#define K3_KERN_SCRATCH_MAX (16u << 20)
 void *k3_kern_scratch(size_t bytes);
+
+/* Tokens per chunk so that n x bytes_per_token stays under the scratch cap. */
+static inline int k3_kern_chunk(int n, size_t bytes_per_token) {
+    size_t c = K3_KERN_SCRATCH_MAX / (bytes_per_token ? bytes_per_token : 1);
+    return c < 1 ? 1 : c < (size_t)n ? (int)c : n;
+}
 
 #endif

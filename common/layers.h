@@ -1,7 +1,8 @@
 /* common/layers.h: the layer math of Kimi K3 (../shared/spec/model.md 3.1-3.8)
  * on a chunk of T consecutive tokens, one function per block:
  *
- *   ops.c      RMSNorm, SiTU, softmax, SiLU, sigmoid (scalar, spec precision)
+ *   ops.c      RMSNorm, SiTU, softmax, SiLU, sigmoid (spec precision; vector
+ *              backends chosen per ISA with the same bits: ops_isa.h)
  *   attnres.c  the AttnRes Mix operator (3.3)
  *   kda.c      Kimi Delta Attention (3.4): projections, conv, recurrence
  *   mla.c      gated MLA without RoPE, absorbed form (3.5)
@@ -125,7 +126,7 @@ typedef struct k3_layer_ctx {
 
 /* ---- ops.c (spec 3.1, 3.8) ---- */
 
-float k3_sigmoid(float z); /* 1 / (1 + expf(-z)) */
+float k3_sigmoid(float z); /* 1 / (1 + exp(-z)), exp = k3_exp_ref (ops_isa.h) */
 float k3_silu(float z);    /* z * sigmoid(z) */
 /* out[i] = (x[i] * r) * w[i], r = 1/sqrtf((float)(sum_d x^2 / n) + eps),
  * the sum and the division by n in double. out may alias x. */
@@ -133,7 +134,7 @@ void k3_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* out[i] = [b1 tanh(g/b1) sigmoid(g)] * [b2 tanh(u/b2)], left to right in
  * float. out may alias g or u. */
 void k3_situ(float *out, const float *g, const float *u, int n, float b1, float b2);
-/* In place: x = exp(x - max) / sum, all float. */
+/* In place: x = exp(x - max) / sum, all float (sum in the lane order of ops_isa.h). */
 void k3_softmax(float *x, int n);
 
 /* ---- attnres.c (spec 3.3) ---- */

@@ -5,13 +5,60 @@
  * cache first; then each query attends causally to rows 0..pos0+t.
  * Attention runs in absorbed form: q_abs = K_h^T q_nope is built from the
  * kv_b rows in their load format, scores are q_abs . latent + q_rope . rope,
- * and V_h is applied after the weighted latent sum. One pool task per head.
+ * and V_h is applied after the weighted latent sum. One pool task per head,
+ * a tile of tokens at a time. The inner loops are ISA-dispatched with the
+ * same bits at every level: q_abs and the latent sum through ops_isa.h, the
+ * scores (the cache viewed as an f32 matrix) and the V_h rows through the
+ * dense kernels (kernels.h), whose (row, token) bits do not depend on the
+ * tile or the row range.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "layers.h"
+#include "ops_isa.h"
+
+/* A view of rows [r0, r0 + n) of m in its load format (borrows m's buffers). */
+static k3_qmat qmat_rows(const k3_qmat *m, int r0, int n) {
+    k3_qmat v = *m;
+    const size_t cols = (size_t)m->cols, r = (size_t)r0;
+    v.rows = n;
+    v.owned = 0;
+    switch (m->fmt) {
+    case K3_QF_F32: v.w = m->w + r * cols; break;
+    case K3_QF_I8:
+        v.q8 = m->q8 + r * cols;
+        v.scales = m->scales + r;
+        break;
+    case K3_QF_I4G64:
+        v.q4 = m->q4 + r * (cols / 2);
+        v.scales = m->scales + r * (cols / 64);
+        break;
+    }
+    return v;
+}
+
+/* Tokens per attention tile: the tile's queries share every cache row read
+ * (scores are a small matmul over the cache). At most MLA_TILE, fewer when
+ * the per-head score buffers of all heads would pass MLA_SCORE_BYTES (long
+ * contexts fall back to one token at a time). The bits do not depend on it. */
+#define MLA_TILE        8
+#define MLA_SCORE_BYTES ((size_t)64 << 20)
+
+static int mla_tile(const k3_config *c, int T, int ctx_len) {
+    size_t per_tok = (size_t)c->n_heads * 2 * (size_t)(ctx_len > 0 ? ctx_len : 1) * sizeof(float);
+    size_t fit = MLA_SCORE_BYTES / per_tok;
+    int tile = fit < 1 ? 1 : fit > MLA_TILE ? MLA_TILE : (int)fit;
+    return T < tile ? (T > 0 ? T : 1) : tile;
+}
+
+/* floats of one head's scratch: q_abs, cbar [tile][kv_lora], q_rope
+ * [tile][rope], V output [tile][v_head], scores (latent, rope) [tile][ctx] */
+static size_t mla_head_floats(const k3_config *c, int tile, int ctx_len) {
+    return (size_t)tile * (2 * (size_t)c->kv_lora + (size_t)c->qk_rope + (size_t)c->v_head +
+                           2 * (size_t)ctx_len);
+}
 
 size_t k3_mla_scratch_bytes(const k3_config *c, int T, int ctx_len) {
     size_t t = (size_t)T, H = (size_t)c->n_heads;
@@ -19,7 +66,7 @@ size_t k3_mla_scratch_bytes(const k3_config *c, int T, int ctx_len) {
            + k3_arena_round(sizeof(float) * t * H * (size_t)c->qk_head)            /* q */
            + k3_arena_round(sizeof(float) * t * (size_t)(c->kv_lora + c->qk_rope)) /* ckv */
            + 2 * k3_arena_round(sizeof(float) * t * H * (size_t)c->v_head)         /* g ctx */
-           + k3_arena_round(sizeof(float) * H * (2 * (size_t)c->kv_lora + (size_t)ctx_len));
+           + k3_arena_round(sizeof(float) * H * mla_head_floats(c, mla_tile(c, T, ctx_len), ctx_len));
 }
 
 k3_status k3_mla_cache_reserve(k3_mla_cache *c, const k3_config *cfg, int rows, int max_rows,
@@ -51,108 +98,65 @@ void k3_mla_cache_free(k3_mla_cache *c) {
     c->cap = 0;
 }
 
-/* acc[c] += coef * W[r][c] for every column, in W's load format: the row
- * scale (int8) or group scale (int4) is folded into the coefficient. */
-static void row_axpy(const k3_qmat *m, int r, float coef, float *acc) {
-    int n = m->cols;
-    if (m->fmt == K3_QF_F32) {
-        const float *w = m->w + (size_t)r * n;
-        for (int c = 0; c < n; c++) acc[c] += coef * w[c];
-    } else if (m->fmt == K3_QF_I8) {
-        const int8_t *q = m->q8 + (size_t)r * n;
-        float cs = coef * m->scales[r];
-        for (int c = 0; c < n; c++) acc[c] += cs * (float)q[c];
-    } else {
-        const uint8_t *q = m->q4 + (size_t)r * (n / 2);
-        const float *s = m->scales + (size_t)r * (n / 64);
-        for (int g = 0; g < n / 64; g++) {
-            float cs = coef * s[g];
-            for (int c = g * 64; c < g * 64 + 64; c++) {
-                int nib = (c & 1) ? q[c / 2] >> 4 : q[c / 2] & 15;
-                acc[c] += cs * (float)(nib - 8);
-            }
-        }
-    }
-}
-
-/* W[r] . x in W's load format (spec 4.2 matvec order). */
-static float row_dot(const k3_qmat *m, int r, const float *x) {
-    int n = m->cols;
-    float acc = 0.0f;
-    if (m->fmt == K3_QF_F32) {
-        const float *w = m->w + (size_t)r * n;
-        for (int c = 0; c < n; c++) acc += w[c] * x[c];
-        return acc;
-    }
-    if (m->fmt == K3_QF_I8) {
-        const int8_t *q = m->q8 + (size_t)r * n;
-        for (int c = 0; c < n; c++) acc += x[c] * (float)q[c];
-        return m->scales[r] * acc;
-    }
-    const uint8_t *q = m->q4 + (size_t)r * (n / 2);
-    const float *s = m->scales + (size_t)r * (n / 64);
-    for (int g = 0; g < n / 64; g++) {
-        float gs = 0.0f;
-        for (int c = g * 64; c < g * 64 + 64; c++) {
-            int nib = (c & 1) ? q[c / 2] >> 4 : q[c / 2] & 15;
-            gs += x[c] * (float)(nib - 8);
-        }
-        acc += s[g] * gs;
-    }
-    return acc;
-}
-
 typedef struct mla_task {
     const k3_config *cfg;
     const k3_mla_w *w;
     const k3_mla_cache *cache;
-    int pos0, T;
+    int pos0, T, tile;
     const float *q; /* [T][H * qk_head] */
     const float *g; /* [T][H * v_head] gate logits */
     float *ctx;     /* [T][H * v_head] gated head contexts */
-    float *scratch; /* [H][2 * kv_lora + pos0 + T] */
+    float *scratch; /* [H][mla_head_floats] */
 } mla_task;
 
+/* One head over the chunk, a tile of tokens at a time. */
 static void mla_head(void *ctx, int h) {
     const mla_task *c = ctx;
     const k3_config *cfg = c->cfg;
-    int L = cfg->kv_lora, R = cfg->qk_rope, nope = cfg->qk_nope, vh = cfg->v_head;
-    int qh = cfg->qk_head, H = cfg->n_heads;
-    int kvb_row0 = h * (nope + vh); /* rows [0, nope) K-nope, [nope, nope+vh) V */
-    float *q_abs = c->scratch + (size_t)h * (2 * (size_t)L + (size_t)(c->pos0 + c->T));
-    float *cbar = q_abs + L;
-    float *sc = cbar + L;
+    const k3_ops_tab *ops = k3_ops();
+    const int L = cfg->kv_lora, R = cfg->qk_rope, nope = cfg->qk_nope, vh = cfg->v_head;
+    const int qh = cfg->qk_head, H = cfg->n_heads, N = c->pos0 + c->T, tile = c->tile;
+    const int kvb_row0 = h * (nope + vh); /* rows [0, nope) K-nope, [nope, nope+vh) V */
+    float *q_abs = c->scratch + (size_t)h * mla_head_floats(cfg, tile, N);
+    float *cbar = q_abs + (size_t)tile * L;
+    float *qr = cbar + (size_t)tile * L;
+    float *vo = qr + (size_t)tile * R;
+    float *sc = vo + (size_t)tile * vh;
+    float *sr = sc + (size_t)tile * N;
     const float scale = 1.0f / sqrtf((float)qh);
+    /* the cache as f32 matrices [rows][kv_lora] and [rows][rope], and V_h */
+    k3_qmat lat = {.fmt = K3_QF_F32, .cols = L, .w = c->cache->lat};
+    k3_qmat rope = {.fmt = K3_QF_F32, .cols = R, .w = c->cache->rope};
+    const k3_qmat v_h = qmat_rows(&c->w->kv_b, kvb_row0 + nope, vh);
 
-    for (int t = 0; t < c->T; t++) {
-        const float *qn = c->q + (size_t)t * H * qh + (size_t)h * qh; /* [nope | rope] */
-        const float *qr = qn + nope;
-        /* q_abs = K_h^T q_nope                              [kv_lora] */
-        for (int i = 0; i < L; i++) q_abs[i] = 0.0f;
-        for (int n = 0; n < nope; n++) row_axpy(&c->w->kv_b, kvb_row0 + n, qn[n], q_abs);
-        /* scores over cache rows 0..pos0+t (causal)       [n_ctx] */
-        int n_ctx = c->pos0 + t + 1;
-        for (int s = 0; s < n_ctx; s++) {
-            const float *lat = c->cache->lat + (size_t)s * L;
-            const float *rope = c->cache->rope + (size_t)s * R;
-            float d1 = 0.0f, d2 = 0.0f;
-            for (int i = 0; i < L; i++) d1 += q_abs[i] * lat[i];
-            for (int i = 0; i < R; i++) d2 += qr[i] * rope[i];
-            sc[s] = (d1 + d2) * scale;
+    for (int t0 = 0; t0 < c->T; t0 += tile) {
+        const int nt = c->T - t0 < tile ? c->T - t0 : tile;
+        const int rows = c->pos0 + t0 + nt; /* cache rows the tile's last query sees */
+        const float *qt = c->q + (size_t)t0 * H * qh + (size_t)h * qh; /* [nope | rope] */
+        /* q_abs = K_h^T q_nope in kv_b's load format         [nt][kv_lora] */
+        ops->rows_comb(&c->w->kv_b, kvb_row0, nope, qt, (size_t)H * qh, nt, q_abs);
+        for (int t = 0; t < nt; t++)
+            memcpy(qr + (size_t)t * R, qt + (size_t)t * H * qh + nope, sizeof(float) * (size_t)R);
+        /* scores q_abs . latent_s + q_rope . rope_s over rows 0..rows-1,
+         * row stride `rows`; each query then keeps its causal prefix */
+        lat.rows = rope.rows = rows;
+        k3_qmat_matmul_rows(&lat, q_abs, nt, sc, 0, rows);
+        if (R > 0) k3_qmat_matmul_rows(&rope, qr, nt, sr, 0, rows);
+        for (int t = 0; t < nt; t++) {
+            const int n_ctx = c->pos0 + t0 + t + 1;
+            float *s = sc + (size_t)t * rows;
+            const float *s2 = sr + (size_t)t * rows;
+            for (int j = 0; j < n_ctx; j++) s[j] = (s[j] + (R > 0 ? s2[j] : 0.0f)) * scale;
+            ops->softmax(s, n_ctx);
+            /* cbar = sum_s pi_s latent_s, in position order  [kv_lora] */
+            ops->wsum(c->cache->lat, L, s, n_ctx, cbar + (size_t)t * L);
         }
-        k3_softmax(sc, n_ctx);
-        /* cbar = sum_s pi_s latent_s, in position order      [kv_lora] */
-        for (int i = 0; i < L; i++) cbar[i] = 0.0f;
-        for (int s = 0; s < n_ctx; s++) {
-            const float *lat = c->cache->lat + (size_t)s * L;
-            float p = sc[s];
-            for (int i = 0; i < L; i++) cbar[i] += p * lat[i];
+        /* ctx_h = (V_h cbar) * sigmoid(g_h)                  [nt][v_head] */
+        k3_qmat_matmul_rows(&v_h, cbar, nt, vo, 0, vh);
+        for (int t = 0; t < nt; t++) {
+            const size_t o = (size_t)(t0 + t) * H * vh + (size_t)h * vh;
+            ops->sigmoid_mul(c->ctx + o, vo + (size_t)t * vh, c->g + o, vh);
         }
-        /* ctx_h = (V_h cbar) * sigmoid(g_h)                  [v_head] */
-        float *out = c->ctx + (size_t)t * H * vh + (size_t)h * vh;
-        const float *g = c->g + (size_t)t * H * vh + (size_t)h * vh;
-        for (int j = 0; j < vh; j++)
-            out[j] = row_dot(&c->w->kv_b, kvb_row0 + nope + j, cbar) * k3_sigmoid(g[j]);
     }
 }
 
@@ -187,8 +191,9 @@ void k3_mla_forward(const k3_layer_ctx *lc, const k3_mla_w *w, k3_mla_cache *cac
 
     /* attention per head over the cache                   ctx: [T][H * v_head] */
     float *ctx = K3_ARENA_F(ar, (size_t)T * H * VH);
-    float *scratch = K3_ARENA_F(ar, (size_t)H * (2 * (size_t)L + (size_t)(pos0 + T)));
-    mla_task task = {cfg, w, cache, pos0, T, q, g, ctx, scratch};
+    const int tile = mla_tile(cfg, T, pos0 + T);
+    float *scratch = K3_ARENA_F(ar, (size_t)H * mla_head_floats(cfg, tile, pos0 + T));
+    mla_task task = {cfg, w, cache, pos0, T, tile, q, g, ctx, scratch};
     k3_pool_run(pool, mla_head, &task, H);
 
     /* out = W_o ctx                                       out: [T][D] */

@@ -39,6 +39,7 @@ struct k3_model {
     int layer_a, layer_b;    /* [a, b) */
     k3_layer_w *layers;      /* [b - a], owned */
     k3_experts *experts;     /* owned; NULL when the range has no MoE layer */
+    char *usage_path;        /* owned copy of opts.usage_path, NULL = no history */
     k3_pool *pool;           /* owned */
     pthread_mutex_t compute; /* one forward/head at a time on the pool */
     /* global tensors (want_global) */
@@ -61,6 +62,7 @@ void k3_model_opts_default(k3_model_opts *o) {
     o->direct = 1;
     o->pipe = 1;
     o->load_threads = 4;
+    o->usage_save = 1; /* only with a usage_path */
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     o->threads = n < 1 ? 1 : n > K3_MAX_THREADS ? K3_MAX_THREADS : (int)n;
 }
@@ -636,6 +638,33 @@ static k3_status probe_prefix(k3_model *m, char *err, size_t errlen) {
                    m->opts.model_dir);
 }
 
+/* ---- expert usage history ---- */
+
+/* Loads the history (refusing another model's, spec 5) and warms the
+ * cache with each layer's hottest experts; once the tables are loaded. */
+static k3_status usage_start(k3_model *m, char *err, size_t errlen) {
+    m->usage_path = k3_xstrdup(m->opts.usage_path);
+    double t0 = k3_now_ms();
+    k3_status st = k3_experts_usage_load(m->experts, m->usage_path, err, errlen);
+    if (st != K3_OK) {
+        k3_err_prefix(err, errlen, "expert usage history (K3_USAGE / --usage; 'off' for none)");
+        return st;
+    }
+    int n = 0;
+    st = k3_experts_warm(m->experts, &n, err, errlen);
+    if (st != K3_OK) return st;
+    if (n > 0)
+        K3_INFO("expert usage history %s: warm start read %d experts (%.2f GB) in %.2f s",
+                m->usage_path, n, (double)n * (double)k3_experts_slot_bytes(m->experts) / 1e9,
+                (k3_now_ms() - t0) / 1e3);
+    return K3_OK;
+}
+
+k3_status k3_model_usage_save(k3_model *m, char *err, size_t errlen) {
+    if (!m->usage_path || !m->opts.usage_save || !m->experts) return K3_OK;
+    return k3_experts_usage_save(m->experts, m->usage_path, err, errlen);
+}
+
 /* ---- open / close ---- */
 
 /* Order: options, config, shard index, prefix, pool, expert store, then the
@@ -723,6 +752,7 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
     }
     if (st == K3_OK && opts->want_global) st = load_global(ld);
     free(ld);
+    if (st == K3_OK && m->experts && opts->usage_path) st = usage_start(m, err, errlen);
     if (st != K3_OK) goto fail;
     if (opts->verbose)
         fprintf(stderr, "k3: layers [%d, %d) of %d loaded in %.2f s, %.1f MB resident\n",
@@ -744,6 +774,7 @@ void k3_model_close(k3_model **mp) {
     free(m->w_out);
     qfree(&m->lm_head);
     k3_experts_close(&m->experts);
+    free(m->usage_path);
     k3_pool_close(&m->pool);
     st_close(&m->idx);
     pthread_mutex_destroy(&m->compute);

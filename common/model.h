@@ -45,11 +45,17 @@ typedef struct k3_model_opts {
     int pipe;                     /* K3_PIPE: overlap expert loads with compute */
     int load_threads;             /* K3_LOAD_THREADS */
     double topp;                  /* K3_TOPP: 0 = off */
+    const char *usage_path;       /* K3_USAGE expert usage history, copied; NULL = none
+                                     (the programs default it to <model_dir>/.k3_usage):
+                                     loaded at open (a mismatched file fails the open),
+                                     then the cache is warmed from it */
+    int usage_save;               /* K3_USAGE_SAVE: k3_model_usage_save writes the file */
     int verbose;                  /* per-layer load progress on stderr */
 } k3_model_opts;
 
 /* Fills opts with the spec defaults (bits 4/8/8, idot 1, expert_gb 8, direct 1,
- * pipe 1, load_threads 4, threads = online CPUs). */
+ * pipe 1, load_threads 4, threads = online CPUs, no usage history,
+ * usage_save 1). */
 void k3_model_opts_default(k3_model_opts *o);
 
 typedef struct k3_model k3_model;
@@ -65,6 +71,11 @@ k3_pool *k3_model_pool(k3_model *m);
 uint64_t k3_model_fingerprint(const k3_model *m);
 /* Resident bytes of dense weights (for RSS honesty reports). */
 size_t k3_model_resident_bytes(const k3_model *m);
+/* Saves the expert usage history of the range (merged with the file's
+ * other rows, common/experts.h) when the model was opened with usage_path
+ * and usage_save and has MoE layers; K3_OK doing nothing otherwise. Called
+ * by the programs at a clean exit. */
+k3_status k3_model_usage_save(k3_model *m, char *err, size_t errlen);
 
 /* ---- global tensors (want_global only) ---- */
 

@@ -8,6 +8,12 @@
  * to every position that selected it. A position therefore
  * accumulates its experts in the same disk order whatever the chunk, which
  * is what makes chunked prefill bit-identical to token-at-a-time.
+ *
+ * Overlap: the batch is opened right after the router, so the first
+ * window of expert reads runs under the latent down projection and the
+ * shared experts. Nothing earlier can be read: the next MoE layer's
+ * experts depend on its router's input, which is this layer's output (and
+ * the attention after it), so a prefetch across layers would be a guess.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -151,6 +157,16 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     int32_t *order = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);
     int n_union = k3_experts_disk_order(lc->experts, layer, in_union, order);
 
+    /* The routed experts' reads start now (the batch admits its first
+     * window and queues the misses to the loader threads), so the latent
+     * down projection and the shared experts below compute while the
+     * drive works. The order of the sums is the disk order whatever the
+     * cache holds, so results do not depend on it. */
+    k3_expert_batch *batch = NULL;
+    k3_status st =
+        k3_experts_batch_open(&batch, lc->experts, layer, order, n_union, stats, err, errlen);
+    if (st != K3_OK) return st;
+
     /* latent input z = W_down x                           [T][latent] */
     float *z = K3_ARENA_F(ar, (size_t)T * LT);
     k3_qmat_matmul(&w->lat_down, x, T, z, pool);
@@ -158,7 +174,19 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     float *zs = K3_ARENA_F(ar, (size_t)T * G);       /* [T][latent/32] */
     if (lc->idot) k3_act_quant_q8(z, T, LT, zq, zs);
 
-    /* routed experts in disk order, each over the rows that chose it */
+    /* shared experts on the same x, computed now (under the reads) and
+     * added unweighted at the very end, so the sum is the same as when
+     * they ran last (spec 3.6: out = W_up U + y_shared) */
+    float *sg = K3_ARENA_F(ar, (size_t)T * S); /* [T][shared_inter] */
+    float *su = K3_ARENA_F(ar, (size_t)T * S);
+    float *ys = K3_ARENA_F(ar, (size_t)T * D); /* [T][D] */
+    k3_qmat_matmul(&w->sh_gate, x, T, sg, pool);
+    k3_qmat_matmul(&w->sh_up, x, T, su, pool);
+    k3_situ(sg, sg, su, T * S, cfg->situ_b1, cfg->situ_b2);
+    k3_qmat_matmul(&w->sh_down, sg, T, ys, pool);
+
+    /* routed experts in disk order, each over the rows that chose it:
+     * expert i computes while the loader threads read i+1.. (K3_PIPE) */
     float *U = K3_ARENA_F(ar, (size_t)T * LT); /* [T][latent] weighted sum */
     memset(U, 0, sizeof(float) * (size_t)T * LT);
     int *rows = k3_arena_alloc(ar, sizeof(int) * (size_t)T);
@@ -167,13 +195,6 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     int8_t *zqg = k3_arena_alloc(ar, (size_t)T * LT);
     float *zsg = K3_ARENA_F(ar, (size_t)T * G);
     float *y = K3_ARENA_F(ar, (size_t)T * LT); /* [n][latent] expert outputs */
-    /* The batch streams the union in disk order: expert i computes while
-     * the loader threads read i+1.. (K3_PIPE); the order of the sums is the
-     * disk order whatever the cache holds, so results do not depend on it. */
-    k3_expert_batch *batch = NULL;
-    k3_status st = k3_experts_batch_open(&batch, lc->experts, layer, order, n_union, stats, err,
-                                         errlen);
-    if (st != K3_OK) return st;
     for (int i = 0; i < n_union; i++) {
         int32_t e = order[i];
         int n = 0;
@@ -211,19 +232,10 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     k3_experts_batch_close(&batch);
     if (st != K3_OK) return st;
 
-    /* RMSNorm of the aggregate, then back to D: out = W_up U */
+    /* RMSNorm of the aggregate, then back to D: out = W_up U, + y_shared */
     for (int t = 0; t < T; t++)
         k3_rmsnorm(U + (size_t)t * LT, U + (size_t)t * LT, w->lat_norm, LT, cfg->eps);
     k3_qmat_matmul(&w->lat_up, U, T, out, pool);
-
-    /* shared experts on the same x, added unweighted at the end */
-    float *sg = K3_ARENA_F(ar, (size_t)T * S); /* [T][shared_inter] */
-    float *su = K3_ARENA_F(ar, (size_t)T * S);
-    float *ys = K3_ARENA_F(ar, (size_t)T * D); /* [T][D] */
-    k3_qmat_matmul(&w->sh_gate, x, T, sg, pool);
-    k3_qmat_matmul(&w->sh_up, x, T, su, pool);
-    k3_situ(sg, sg, su, T * S, cfg->situ_b1, cfg->situ_b2);
-    k3_qmat_matmul(&w->sh_down, sg, T, ys, pool);
     for (size_t i = 0; i < (size_t)T * D; i++) out[i] = out[i] + ys[i];
     return K3_OK;
 }

@@ -88,8 +88,7 @@ static void pool_work(k3_pool *p, uint32_t gen) {
         uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
         for (;;) {
             if ((uint32_t)(t >> 32) != gen || (uint32_t)t == 0) return;
-            if (atomic_compare_exchange_weak_explicit(&p->ticket, &t, t - 1,
-                                                      memory_order_acq_rel,
+            if (atomic_compare_exchange_weak_explicit(&p->ticket, &t, t - 1, memory_order_acq_rel,
                                                       memory_order_acquire))
                 break;
         }

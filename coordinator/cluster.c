@@ -1,4 +1,7 @@
-/* coordinator/cluster.c: the cluster trunk (cluster.h).
+/* coordinator/cluster.c: the cluster trunk (cluster.h): the I/O thread,
+ * the links to the workers, the steps in flight, open/close and the trunk
+ * operations. Types: cluster_impl.h; local workers: cluster_local.c;
+ * introspection and --stats: cluster_stats.c.
  *
  * One I/O thread owns every socket. Callers (session threads) hand it a job,
  * one trunk forward call, through a mutex-protected list and an eventfd,
@@ -22,7 +25,7 @@
  * is closed (queued messages are discarded with it) and a new socket
  * registers again with a new epoch.
  */
-#include "coordinator/cluster.h"
+#include "coordinator/cluster_impl.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -39,134 +42,9 @@
 #include "common/limits.h"
 #include "common/log.h"
 #include "proto/link.h"
+/* ---- small helpers (shared with the other cluster_*.c: cluster_impl.h) */
 
-/* ---- types ---------------------------------------------------------- */
-
-typedef enum { LINK_DOWN = 0, LINK_HELLO, LINK_READY } link_state;
-
-struct cl_job;
-
-typedef struct cl_req { /* one request in flight on one stage */
-    proto_msg msg;              /* as sent: replies are checked against it */
-    struct cl_job *job;         /* FORWARD: the job, else NULL */
-    int chunk;                  /* FORWARD: chunk index */
-    struct cl_ctl *ctl;         /* a caller waiting for the reply (STATS), else NULL */
-    double sent_ms;
-    struct cl_req *next;
-} cl_req;
-
-typedef struct cl_stage {
-    char endpoint[K3_MAX_ENDPOINT];
-    char server_key[K3_Z85_KEY_LEN + 1]; /* CURVE server key, "" = plain */
-    int a, b;                   /* layer range (from HELLO_OK), -1 before */
-    int k;                      /* AttnRes snapshots of [a, b) */
-    char name[K3_PROTO_MAX_NAME];
-    link_state state;
-    int refused;                /* definitive refusal (mismatch, auth): open fails */
-    void *sock, *mon;           /* DEALER and its monitor PAIR */
-    int gen;                    /* sockets created (monitor endpoint names) */
-    uint64_t epoch;             /* epoch of the current HELLO / registration */
-    double hello_sent_ms, next_try_ms;
-    double last_rx_ms, last_tx_ms;
-    char last_err[512];
-    cl_req *pending;            /* requests without a reply yet */
-    int n_pending;              /* of which FORWARDs (occupancy counts steps only) */
-    double progress_ms;         /* last sign that pending steps advance (see link_timers) */
-    proto_hello_ok info;        /* the last HELLO_OK */
-    pid_t pid;                  /* local worker, 0 otherwise */
-    /* statistics */
-    uint64_t forwards, tokens, bytes_read, hits, misses, dropped, failures, bad_replies;
-    double busy_ms, read_ms, occupied_ms, occ_since_ms, hop_ms;
-} cl_stage;
-
-typedef struct cl_sess {
-    uint64_t id;
-    int max_ctx;
-    int pos;                    /* tokens committed on every stage */
-    int broken;                 /* a step failed midway */
-    int lost;                   /* a worker lost its state (eviction, new epoch) */
-    int reset_pending;          /* send SESSION_RESET before the next step */
-    int used;                   /* a step was ever sent (workers may hold state) */
-    int busy;                   /* a job is running */
-    uint64_t step;              /* step counter (one per micro-chunk) */
-    uint64_t *epoch;            /* [n stages, layer order]: epoch its state lives in */
-    struct cl_sess *next;
-} cl_sess;
-
-typedef struct cl_chunk {
-    int t0, T;                  /* rows [t0, t0 + T) of the job */
-    float *blocks;              /* [nb_cap][T][D], inside job->buf */
-    float *h;                   /* [T][D] */
-    int nb;                     /* blocks valid */
-    int pos;                    /* next stage (layer order) to visit */
-    uint64_t step;
-} cl_chunk;
-
-typedef struct cl_job {
-    cl_sess *sess;
-    int pos0, T;
-    float *blocks;              /* caller's [K3_MAX_RES_ENTRIES][T][D] */
-    int nb_in, nb_out;
-    float *h;                   /* caller's [T][D] */
-    float *trace_h;             /* [n stages][T][D] when tracing, else NULL */
-    int n_chunks, chunks_done, nb_cap;
-    cl_chunk *chunk;
-    float *buf;
-    k3_step_stats stats;
-    double wait_until_ms;       /* waiting for workers to register until then */
-    int started, finished;
-    k3_status st;
-    char err[1024];
-    struct cl_job *next;
-} cl_job;
-
-typedef struct cl_ctl { /* a control request from a caller thread */
-    int stage;                  /* layer order */
-    proto_type type;            /* STATS (a caller waits), SESSION_DROP (nobody waits) */
-    uint64_t session;           /* SESSION_DROP: the session */
-    uint64_t epoch;             /* SESSION_DROP: only while the link is in this epoch */
-    int owned;                  /* nobody waits: the I/O thread frees it */
-    int done;
-    k3_status st;
-    char err[512];
-    proto_stats_ok stats;
-    struct cl_ctl *next;
-} cl_ctl;
-
-struct k3_cluster {
-    k3_cluster_opts o;          /* pointers borrowed */
-    k3_config cfg;
-    int D;
-    uint64_t fp;
-    proto_numerics num;
-    k3_link_sockopts so;
-    int curve;
-    k3_curve_keypair kp;
-    void *ctx;
-    int n;
-    cl_stage *st;               /* [n] in endpoint order */
-    int *order;                 /* [n] stage index by layer order */
-    int ordered;
-    pthread_t io;
-    int io_started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int efd;
-    int stopping;
-    cl_job *incoming, *active;
-    cl_ctl *ctl_in;
-    cl_sess *sessions;
-    uint64_t next_id, next_sess, epoch_seed, epoch_ctr, losses;
-    double overlap_ms, occ_last_ms;
-    int n_occupied;
-    char tmpdir[64];            /* local workers' ipc directory */
-};
-
-/* ---- small helpers ------------------------------------------------- */
-
-/* snprintf that truncates quietly: messages are bounded on purpose */
-static void sfmt(char *dst, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void sfmt(char *dst, size_t cap, const char *fmt, ...) {
+void cl_fmt(char *dst, size_t cap, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(dst, cap, fmt, ap);
@@ -175,7 +53,7 @@ static void sfmt(char *dst, size_t cap, const char *fmt, ...) {
 
 static double now_ms(void) { return k3_now_ms(); }
 
-static void wake(k3_cluster *c) {
+void cl_wake(k3_cluster *c) {
     uint64_t one = 1;
     ssize_t r = write(c->efd, &one, sizeof one);
     (void)r; /* a full counter still wakes the poll */
@@ -186,15 +64,14 @@ static uint64_t new_epoch(k3_cluster *c) {
     return e ? e : 1;
 }
 
-/* "worker NAME (layers [a, b), ENDPOINT)" */
-static const char *stage_label(const cl_stage *s, char *buf, size_t n) {
+const char *cl_stage_label(const cl_stage *s, char *buf, size_t n) {
     if (s->a >= 0)
-        sfmt(buf, n, "worker %s (layers [%d, %d), %s)", s->name[0] ? s->name : "?", s->a, s->b,
-                 s->endpoint);
+        cl_fmt(buf, n, "worker %s (layers [%d, %d), %s)", s->name[0] ? s->name : "?", s->a, s->b,
+               s->endpoint);
     else if (s->name[0])
-        sfmt(buf, n, "worker %s at %s", s->name, s->endpoint);
+        cl_fmt(buf, n, "worker %s at %s", s->name, s->endpoint);
     else
-        sfmt(buf, n, "worker at %s", s->endpoint);
+        cl_fmt(buf, n, "worker at %s", s->endpoint);
     return buf;
 }
 
@@ -220,6 +97,7 @@ static void pending_add(k3_cluster *c, cl_stage *s, cl_req *r) {
     s->pending = r;
     if (!r->job) return;
     if (s->n_pending == 0) s->progress_ms = now_ms(); /* the clock starts now */
+    r->idle_send = s->n_pending == 0;
     occ_change(c, s, +1);
 }
 
@@ -311,7 +189,7 @@ static void job_fail(k3_cluster *c, cl_job *j, k3_status st, const char *fmt, ..
 
 static void ctl_finish(k3_cluster *c, cl_ctl *x, k3_status st, const char *msg) {
     x->st = st;
-    if (msg) sfmt(x->err, sizeof x->err, "%s", msg);
+    if (msg) cl_fmt(x->err, sizeof x->err, "%s", msg);
     x->done = 1;
     pthread_cond_broadcast(&c->cv);
 }
@@ -330,15 +208,15 @@ static void link_close(cl_stage *s) {
  * registers again. */
 static void link_fail(k3_cluster *c, cl_stage *s, const char *why) {
     char lab[512], reason[512];
-    sfmt(reason, sizeof reason, "%s", why); /* why may be s->last_err */
+    cl_fmt(reason, sizeof reason, "%s", why); /* why may be s->last_err */
     why = reason;
-    stage_label(s, lab, sizeof lab);
+    cl_stage_label(s, lab, sizeof lab);
     if (s->state == LINK_READY) {
         K3_ERROR("cluster: %s lost: %s", lab, why);
         s->failures++;
         c->losses++;
     }
-    sfmt(s->last_err, sizeof s->last_err, "%s", why);
+    cl_fmt(s->last_err, sizeof s->last_err, "%s", why);
     int pos = -1; /* our place in the layer order */
     for (int i = 0; c->ordered && i < c->n; i++)
         if (c->order[i] == s - c->st) pos = i;
@@ -347,8 +225,7 @@ static void link_fail(k3_cluster *c, cl_stage *s, const char *why) {
         next = j->next;
         int needs = 0;
         for (int k = 0; k < j->n_chunks && !needs; k++) needs = j->chunk[k].pos <= pos;
-        if (needs && j->started)
-            job_fail(c, j, K3_ERR_IO, "%s lost: %s", lab, why);
+        if (needs && j->started) job_fail(c, j, K3_ERR_IO, "%s lost: %s", lab, why);
     }
     while (s->pending) {
         cl_req *r = pending_unlink(c, s, &s->pending);
@@ -366,26 +243,25 @@ static void link_open(k3_cluster *c, cl_stage *s) {
     char err[512], ep[96];
     s->sock = zmq_socket(c->ctx, ZMQ_DEALER);
     k3_status st = s->sock ? K3_OK : K3_ERR_IO;
-    if (st) sfmt(err, sizeof err, "zmq_socket: %s", zmq_strerror(zmq_errno()));
+    if (st) cl_fmt(err, sizeof err, "zmq_socket: %s", zmq_strerror(zmq_errno()));
     if (!st) st = k3_link_sockopts_apply(s->sock, &c->so, err, sizeof err);
     if (!st && s->server_key[0])
         st = k3_link_curve_client(s->sock, &c->kp, s->server_key, err, sizeof err);
     if (!st) {
-        sfmt(ep, sizeof ep, "inproc://k3mon.%p.%d", (void *)s, ++s->gen);
-        if (zmq_socket_monitor(s->sock, ep,
-                               ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
-                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                                   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                   ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                                   ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0 ||
+        cl_fmt(ep, sizeof ep, "inproc://k3mon.%p.%d", (void *)s, ++s->gen);
+        if (zmq_socket_monitor(
+                s->sock, ep,
+                ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED |
+                    ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                    ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0 ||
             !(s->mon = zmq_socket(c->ctx, ZMQ_PAIR)) || zmq_connect(s->mon, ep) != 0) {
             st = K3_ERR_IO;
-            sfmt(err, sizeof err, "socket monitor: %s", zmq_strerror(zmq_errno()));
+            cl_fmt(err, sizeof err, "socket monitor: %s", zmq_strerror(zmq_errno()));
         }
     }
     if (!st && zmq_connect(s->sock, s->endpoint) != 0) {
         st = K3_ERR_IO;
-        sfmt(err, sizeof err, "connect %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
+        cl_fmt(err, sizeof err, "connect %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
     }
     cl_req *r = NULL;
     if (!st) {
@@ -394,11 +270,11 @@ static void link_open(k3_cluster *c, cl_stage *s) {
         proto_msg_init(&r->msg, PROTO_MSG_HELLO, ++c->next_id, s->epoch);
         r->msg.u.hello.fingerprint = c->fp;
         r->msg.u.hello.num = c->num;
-        sfmt(r->msg.u.hello.build, sizeof r->msg.u.hello.build, "%s", K3_LINK_BUILD);
+        cl_fmt(r->msg.u.hello.build, sizeof r->msg.u.hello.build, "%s", K3_LINK_BUILD);
         st = send_req(c, s, r, NULL, NULL, 0, err, sizeof err);
     }
     if (st) {
-        sfmt(s->last_err, sizeof s->last_err, "%s", err);
+        cl_fmt(s->last_err, sizeof s->last_err, "%s", err);
         link_close(s);
         s->state = LINK_DOWN;
         s->next_try_ms = now_ms() + 1000;
@@ -417,18 +293,18 @@ static double hello_timeout_ms(const k3_cluster *c) {
 static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
     const proto_hello_ok *h = &m->u.hello_ok;
     char err[512], lab[512];
-    if (s->a < 0) sfmt(s->name, sizeof s->name, "%s", h->name); /* for the messages below */
+    if (s->a < 0) cl_fmt(s->name, sizeof s->name, "%s", h->name); /* for the messages below */
     k3_status st = proto_check_compat(c->fp, &c->num, h->fingerprint, &h->num, err, sizeof err);
     if (!st && (int)h->layers[1] > c->cfg.n_layers)
-        st = k3_errf(K3_ERR_MISMATCH, err, sizeof err,
-                     "layers [%u, %u) outside the model's [0, %d)", h->layers[0], h->layers[1],
-                     c->cfg.n_layers);
+        st =
+            k3_errf(K3_ERR_MISMATCH, err, sizeof err, "layers [%u, %u) outside the model's [0, %d)",
+                    h->layers[0], h->layers[1], c->cfg.n_layers);
     if (!st && c->ordered && ((int)h->layers[0] != s->a || (int)h->layers[1] != s->b))
         st = k3_errf(K3_ERR_MISMATCH, err, sizeof err,
                      "came back serving layers [%u, %u), it served [%d, %d)", h->layers[0],
                      h->layers[1], s->a, s->b);
     if (st) {
-        sfmt(s->last_err, sizeof s->last_err, "refused: %s", err);
+        cl_fmt(s->last_err, sizeof s->last_err, "refused: %s", err);
         K3_ERROR("cluster: worker %s at %s refused: %s", h->name, s->endpoint, err);
         s->refused = 1;
         link_close(s);
@@ -441,13 +317,13 @@ static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
     s->a = (int)h->layers[0];
     s->b = (int)h->layers[1];
     s->k = k3_config_snapshots_before(&c->cfg, s->b) - k3_config_snapshots_before(&c->cfg, s->a);
-    sfmt(s->name, sizeof s->name, "%s", h->name);
+    cl_fmt(s->name, sizeof s->name, "%s", h->name);
     s->state = LINK_READY;
     s->refused = 0;
     s->last_err[0] = 0;
     K3_INFO("cluster: %s registered (epoch %llx, %u sessions x %u tokens, drive %.2f GB/s, "
             "build '%s')",
-            stage_label(s, lab, sizeof lab), (unsigned long long)s->epoch, h->max_sessions,
+            cl_stage_label(s, lab, sizeof lab), (unsigned long long)s->epoch, h->max_sessions,
             h->max_ctx, h->read_gbps, h->build);
     pthread_cond_broadcast(&c->cv);
 }
@@ -460,7 +336,7 @@ static k3_status send_chunk(k3_cluster *c, cl_job *j, int ci) {
     char err[512], lab[512];
     if (s->state != LINK_READY || s->epoch != j->sess->epoch[ch->pos]) {
         j->sess->lost = 1;
-        job_fail(c, j, K3_ERR_STATE, "%s: %s", stage_label(s, lab, sizeof lab),
+        job_fail(c, j, K3_ERR_STATE, "%s: %s", cl_stage_label(s, lab, sizeof lab),
                  s->state != LINK_READY ? "not registered" : "re-registered mid-step");
         return K3_ERR_STATE;
     }
@@ -480,9 +356,12 @@ static k3_status send_chunk(k3_cluster *c, cl_job *j, int ci) {
     const void *frames[2] = {ch->blocks, ch->h};
     size_t bytes[2] = {sizeof(float) * (size_t)ch->nb * TD, sizeof(float) * TD};
     k3_status st = send_req(c, s, r, frames, bytes, 2, err, sizeof err);
+    if (!st) s->tx_bytes += bytes[0] + bytes[1];
     if (st) {
-        if (st == K3_ERR_IO) link_fail(c, s, err);
-        else job_fail(c, j, st, "%s: %s", stage_label(s, lab, sizeof lab), err);
+        if (st == K3_ERR_IO)
+            link_fail(c, s, err);
+        else
+            job_fail(c, j, st, "%s: %s", cl_stage_label(s, lab, sizeof lab), err);
     }
     return st;
 }
@@ -513,7 +392,7 @@ static void on_forward_done(k3_cluster *c, cl_stage *s, cl_req *r, const proto_m
     if ((int)d->n_snapshots != s->k || ch->nb + s->k > j->nb_cap) {
         s->bad_replies++;
         job_fail(c, j, K3_ERR_PROTO, "%s: FORWARD_DONE with %u snapshots, layers [%d, %d) take %d",
-                 stage_label(s, lab, sizeof lab), d->n_snapshots, s->a, s->b, s->k);
+                 cl_stage_label(s, lab, sizeof lab), d->n_snapshots, s->a, s->b, s->k);
         return;
     }
     size_t TD = (size_t)ch->T * (size_t)c->D, n0, n1;
@@ -522,6 +401,7 @@ static void on_forward_done(k3_cluster *c, cl_stage *s, cl_req *r, const proto_m
     if (n0) memcpy(ch->blocks + (size_t)ch->nb * TD, snap, n0);
     memcpy(ch->h, hid, n1);
     ch->nb += s->k;
+    s->rx_bytes += n0 + n1;
     if (j->trace_h)
         memcpy(j->trace_h + ((size_t)ch->pos * j->T + ch->t0) * c->D, ch->h, sizeof(float) * TD);
     /* statistics */
@@ -534,8 +414,13 @@ static void on_forward_done(k3_cluster *c, cl_stage *s, cl_req *r, const proto_m
         s->bytes_read += d->bytes_read;
         s->hits += d->expert_hits;
         s->misses += d->expert_misses;
+        /* transport cost of one hop; a step that queued behind others on
+         * the worker would count its wait, so only idle sends are measured */
         double hop = rtt - d->compute_ms - d->read_ms;
-        s->hop_ms += hop > 0 ? hop : 0;
+        if (r->idle_send) {
+            s->hop_ms += hop > 0 ? hop : 0;
+            s->hop_n++;
+        }
         j->stats.compute_ms += d->compute_ms;
         j->stats.read_ms += d->read_ms;
         j->stats.bytes_read += d->bytes_read;
@@ -567,7 +452,7 @@ static void on_reply(k3_cluster *c, cl_stage *s, proto_msg *m, proto_frames *fr)
     k3_status st = proto_check_reply(&r->msg, m, err, sizeof err);
     if (st) {
         s->bad_replies++;
-        K3_WARN("cluster: bad reply from %s: %s", stage_label(s, lab, sizeof lab), err);
+        K3_WARN("cluster: bad reply from %s: %s", cl_stage_label(s, lab, sizeof lab), err);
         if (r->job) job_fail(c, r->job, K3_ERR_PROTO, "%s: bad reply: %s", lab, err);
         if (r->ctl) ctl_finish(c, r->ctl, K3_ERR_PROTO, err);
         if (r->msg.type == PROTO_MSG_HELLO) link_fail(c, s, err);
@@ -575,12 +460,8 @@ static void on_reply(k3_cluster *c, cl_stage *s, proto_msg *m, proto_frames *fr)
         return;
     }
     switch (m->type) {
-    case PROTO_MSG_HELLO_OK:
-        on_hello_ok(c, s, m);
-        break;
-    case PROTO_MSG_FORWARD_DONE:
-        on_forward_done(c, s, r, m, fr);
-        break;
+    case PROTO_MSG_HELLO_OK: on_hello_ok(c, s, m); break;
+    case PROTO_MSG_FORWARD_DONE: on_forward_done(c, s, r, m, fr); break;
     case PROTO_MSG_STATS_OK:
         if (r->ctl) {
             r->ctl->stats = m->u.stats_ok;
@@ -592,9 +473,9 @@ static void on_reply(k3_cluster *c, cl_stage *s, proto_msg *m, proto_frames *fr)
         break;
     case PROTO_MSG_ERROR: {
         k3_status code = (k3_status)m->u.error.code;
-        stage_label(s, lab, sizeof lab);
+        cl_stage_label(s, lab, sizeof lab);
         if (r->msg.type == PROTO_MSG_HELLO) {
-            sfmt(s->last_err, sizeof s->last_err, "refused: %s", m->u.error.msg);
+            cl_fmt(s->last_err, sizeof s->last_err, "refused: %s", m->u.error.msg);
             K3_ERROR("cluster: %s refused registration: %s", lab, m->u.error.msg);
             s->refused = 1;
             link_close(s);
@@ -612,8 +493,7 @@ static void on_reply(k3_cluster *c, cl_stage *s, proto_msg *m, proto_frames *fr)
         }
         break;
     }
-    default: /* proto_check_reply only lets reply types through */
-        break;
+    default: /* proto_check_reply only lets reply types through */ break;
     }
     free(r);
 }
@@ -632,7 +512,7 @@ static void link_read(k3_cluster *c, cl_stage *s) {
             break;
         }
         s->last_rx_ms = now_ms(); /* any message is a sign of life */
-        if (st) { /* consumed and rejected: logged, counted, never answered */
+        if (st) {                 /* consumed and rejected: logged, counted, never answered */
             s->bad_replies++;
             K3_WARN("cluster: malformed message from %s dropped: %s", s->endpoint, err);
             continue;
@@ -672,31 +552,34 @@ static void link_events(k3_cluster *c, cl_stage *s) {
         char why[256];
         switch (ev) {
         case ZMQ_EVENT_DISCONNECTED:
-            sfmt(why, sizeof why,
-                     "connection closed (process gone, or no heartbeat answer for %d ms)",
-                     c->so.hb_ms * K3_LINK_LIVENESS);
-            if (s->state == LINK_READY) link_fail(c, s, why);
-            else sfmt(s->last_err, sizeof s->last_err, "%s", why);
+            cl_fmt(why, sizeof why,
+                   "connection closed (process gone, or no heartbeat answer for %d ms)",
+                   c->so.hb_ms * K3_LINK_LIVENESS);
+            if (s->state == LINK_READY)
+                link_fail(c, s, why);
+            else
+                cl_fmt(s->last_err, sizeof s->last_err, "%s", why);
             break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
-            sfmt(why, sizeof why,
-                     "cannot authenticate: the worker refused our CURVE key (not on its "
-                     "allow-list)");
+            cl_fmt(why, sizeof why,
+                   "cannot authenticate: the worker refused our CURVE key (not on its "
+                   "allow-list)");
             goto handshake;
         case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
         case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-            sfmt(why, sizeof why,
-                     "cannot authenticate: handshake failed (wrong server key, or CURVE on one "
-                     "side only)");
+            cl_fmt(why, sizeof why,
+                   "cannot authenticate: handshake failed (wrong server key, or CURVE on one "
+                   "side only)");
         handshake:
-            sfmt(s->last_err, sizeof s->last_err, "%s", why);
+            cl_fmt(s->last_err, sizeof s->last_err, "%s", why);
             K3_WARN("cluster: worker at %s: %s", s->endpoint, why);
-            if (s->state == LINK_READY) link_fail(c, s, why);
-            else s->refused = 1;
+            if (s->state == LINK_READY)
+                link_fail(c, s, why);
+            else
+                s->refused = 1;
             pthread_cond_broadcast(&c->cv);
             break;
-        default:
-            break;
+        default: break;
         }
     }
 }
@@ -719,7 +602,7 @@ static int job_start(k3_cluster *c, cl_job *j) {
         for (int i = 0; i < c->n; i++)
             if (c->st[i].state != LINK_READY) {
                 job_fail(c, j, K3_ERR_IO, "%s is not available: %s",
-                         stage_label(&c->st[i], lab, sizeof lab),
+                         cl_stage_label(&c->st[i], lab, sizeof lab),
                          c->st[i].last_err[0] ? c->st[i].last_err : "not registered");
                 return 1;
             }
@@ -736,7 +619,8 @@ static int job_start(k3_cluster *c, cl_job *j) {
         x->broken = x->lost = x->reset_pending = 0;
     }
     if (x->broken) {
-        job_fail(c, j, K3_ERR_STATE, "cluster: session state unusable after a failed step; reset it");
+        job_fail(c, j, K3_ERR_STATE,
+                 "cluster: session state unusable after a failed step; reset it");
         return 1;
     }
     if (j->pos0 != x->pos) {
@@ -752,12 +636,12 @@ static int job_start(k3_cluster *c, cl_job *j) {
             job_fail(c, j, K3_ERR_STATE,
                      "cluster: session state lost on %s (evicted, or the worker re-registered); "
                      "reset and replay",
-                     stage_label(s, lab, sizeof lab));
+                     cl_stage_label(s, lab, sizeof lab));
             return 1;
         }
         if ((int64_t)j->pos0 + j->T > (int64_t)s->info.max_ctx) {
             job_fail(c, j, K3_ERR_LIMIT, "%s: positions [%d, %d) exceed its %u-token context",
-                     stage_label(s, lab, sizeof lab), j->pos0, j->pos0 + j->T, s->info.max_ctx);
+                     cl_stage_label(s, lab, sizeof lab), j->pos0, j->pos0 + j->T, s->info.max_ctx);
             return 1;
         }
     }
@@ -829,8 +713,8 @@ static void link_timers(k3_cluster *c, cl_stage *s, double t) {
     case LINK_HELLO:
         if (t - s->hello_sent_ms > hello_timeout_ms(c)) {
             if (!s->last_err[0] || !strncmp(s->last_err, "no HELLO_OK", 11))
-                sfmt(s->last_err, sizeof s->last_err, "no HELLO_OK within %.0f ms",
-                         hello_timeout_ms(c));
+                cl_fmt(s->last_err, sizeof s->last_err, "no HELLO_OK within %.0f ms",
+                       hello_timeout_ms(c));
             link_fail(c, s, s->last_err);
             s->next_try_ms = t; /* at once: a fresh socket */
         }
@@ -841,13 +725,13 @@ static void link_timers(k3_cluster *c, cl_stage *s, double t) {
          * steps; an idle heartbeat with our steps pending means the worker
          * lost them. Without steps, any message counts. */
         if (s->n_pending > 0 && t - s->progress_ms > c->o.step_timeout_ms) {
-            sfmt(why, sizeof why,
-                 "stalled: %d step(s) pending without progress for %.0f ms (step deadline %d ms)",
-                 s->n_pending, t - s->progress_ms, c->o.step_timeout_ms);
+            cl_fmt(why, sizeof why,
+                   "stalled: %d step(s) pending without progress for %.0f ms (step deadline %d ms)",
+                   s->n_pending, t - s->progress_ms, c->o.step_timeout_ms);
             link_fail(c, s, why);
         } else if (t - s->last_rx_ms > c->o.step_timeout_ms) {
-            sfmt(why, sizeof why, "stalled: no message for %.0f ms (step deadline %d ms)",
-                 t - s->last_rx_ms, c->o.step_timeout_ms);
+            cl_fmt(why, sizeof why, "stalled: no message for %.0f ms (step deadline %d ms)",
+                   t - s->last_rx_ms, c->o.step_timeout_ms);
             link_fail(c, s, why);
         } else if (t - s->last_tx_ms >= c->so.hb_ms) {
             proto_msg hb;
@@ -866,6 +750,12 @@ static void *io_main(void *arg) {
     zmq_pollitem_t *items = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *items);
     int *who = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *who);
     pthread_mutex_lock(&c->mu);
+    if (c->spawn_pending) {
+        c->spawn_st = cl_local_start(c, c->spawn_err, sizeof c->spawn_err);
+        c->spawn_pending = 0;
+        pthread_cond_broadcast(&c->cv);
+        while (c->spawn_st && !c->stopping) pthread_cond_wait(&c->cv, &c->mu); /* open fails */
+    }
     while (!c->stopping) {
         double t = now_ms();
         for (int i = 0; i < c->n; i++) link_timers(c, &c->st[i], t);
@@ -934,8 +824,10 @@ static void *io_main(void *arg) {
     while (c->ctl_in) {
         cl_ctl *x = c->ctl_in;
         c->ctl_in = x->next;
-        if (x->owned) free(x);
-        else ctl_finish(c, x, K3_ERR_CANCEL, "cluster: closing");
+        if (x->owned)
+            free(x);
+        else
+            ctl_finish(c, x, K3_ERR_CANCEL, "cluster: closing");
     }
     for (int i = 0; i < c->n; i++) {
         cl_stage *s = &c->st[i];
@@ -969,7 +861,7 @@ void k3_cluster_opts_default(k3_cluster_opts *o) {
     o->hb_ms = K3_LINK_HB_MS_DEFAULT;
     o->step_timeout_ms = 30000;
     o->ready_timeout_ms = 600000;
-    o->request_wait_ms = -1; /* 2 x TTL */
+    o->request_wait_ms = -1; /* TTL */
 }
 
 /* "ENDPOINT KEY" / "* KEY" lines: the server key for ep, "" if none. */
@@ -995,93 +887,14 @@ static k3_status worker_key_for(const char *path, const char *ep, char out[K3_Z8
             k3_err_prefix(err, errlen, "%s: line %d", path, line_no);
             break;
         }
-        if (!strcmp(e, ep)) sfmt(out, K3_Z85_KEY_LEN + 1, "%s", z);
-        else if (!strcmp(e, "*")) sfmt(star, sizeof star, "%s", z);
+        if (!strcmp(e, ep))
+            cl_fmt(out, K3_Z85_KEY_LEN + 1, "%s", z);
+        else if (!strcmp(e, "*"))
+            cl_fmt(star, sizeof star, "%s", z);
     }
     fclose(f);
-    if (!st && !out[0]) sfmt(out, K3_Z85_KEY_LEN + 1, "%s", star);
+    if (!st && !out[0]) cl_fmt(out, K3_Z85_KEY_LEN + 1, "%s", star);
     return st;
-}
-
-/* --local N: N workers over ipc:// in a private directory, layers split
- * evenly, numerics and model settings copied from the coordinator's. */
-static k3_status local_start(k3_cluster *c, char *err, size_t errlen) {
-    const k3_model_opts *mo = c->o.model;
-    sfmt(c->tmpdir, sizeof c->tmpdir, "/tmp/k3c.XXXXXX");
-    if (!mkdtemp(c->tmpdir)) {
-        c->tmpdir[0] = 0;
-        return k3_errf(K3_ERR_IO, err, errlen, "local workers: mkdtemp: %s", strerror(errno));
-    }
-    char bin[4096];
-    if (c->o.worker_bin) sfmt(bin, sizeof bin, "%s", c->o.worker_bin);
-    else k3_worker_bin(bin, sizeof bin);
-    int L = c->cfg.n_layers, N = c->n;
-    int threads = c->o.worker_threads > 0 ? c->o.worker_threads : mo->threads / N;
-    if (threads < 1) threads = 1;
-    char dirs[4096] = "";
-    for (int i = 0; i < mo->n_dirs; i++) { /* "--dirs a,b": joined again */
-        size_t off = strlen(dirs);
-        sfmt(dirs + off, sizeof dirs - off, "%s%s", i ? "," : "", mo->dirs[i]);
-    }
-    for (int i = 0; i < N; i++) {
-        cl_stage *s = &c->st[i];
-        int a = (int)((long)i * L / N), b = (int)((long)(i + 1) * L / N);
-        sfmt(s->endpoint, sizeof s->endpoint, "ipc://%s/w%d", c->tmpdir, i);
-        char v[16][64];
-        sfmt(v[0], 64, "%d-%d", a, b);
-        sfmt(v[1], 64, "local%d", i);
-        sfmt(v[2], 64, "%d", c->o.hb_ms);
-        sfmt(v[3], 64, "%d", mo->bits);
-        sfmt(v[4], 64, "%d", mo->mla_bits);
-        sfmt(v[5], 64, "%d", mo->head_bits);
-        sfmt(v[6], 64, "--idot=%d", mo->idot ? 1 : 0);
-        sfmt(v[7], 64, "%d", threads);
-        sfmt(v[8], 64, "%.17g", mo->expert_gb / N); /* the budget is split, not copied */
-        sfmt(v[9], 64, "--direct=%d", mo->direct ? 1 : 0);
-        sfmt(v[10], 64, "%d", c->o.max_sessions);
-        sfmt(v[11], 64, "%d", c->o.max_ctx);
-        const char *argv[64 + 32];
-        int n = 0;
-        const char *fixed[] = {bin, "--model", mo->model_dir, "--layers", v[0], "--listen",
-                               s->endpoint, "--name", v[1], "--hb-ms", v[2], "--bits", v[3],
-                               "--mla-bits", v[4], "--head-bits", v[5], v[6], "--threads", v[7],
-                               "--expert-gb", v[8], v[9]};
-        for (size_t k = 0; k < sizeof fixed / sizeof fixed[0]; k++) argv[n++] = fixed[k];
-        if (c->o.exact) argv[n++] = "--exact";
-        if (c->o.max_sessions > 0) argv[n++] = "--max-sessions", argv[n++] = v[10];
-        if (c->o.max_ctx > 0) argv[n++] = "--max-ctx", argv[n++] = v[11];
-        if (mo->n_dirs > 0) argv[n++] = "--dirs", argv[n++] = dirs;
-        for (int k = 0; k < c->o.n_worker_args && n < 64 + 30; k++) argv[n++] = c->o.worker_args[k];
-        argv[n] = NULL;
-        /* settings the worker reads from the environment only */
-        char e[4][64];
-        sfmt(e[0], 64, "K3_LAYERS=%d", mo->max_layers);
-        sfmt(e[1], 64, "K3_TOPP=%.17g", mo->topp);
-        sfmt(e[2], 64, "K3_PIPE=%d", mo->pipe ? 1 : 0);
-        sfmt(e[3], 64, "K3_LOAD_THREADS=%d", mo->load_threads);
-        char *env[5] = {e[0], e[1], e[2], e[3], NULL};
-        k3_status st = k3_worker_spawn(&s->pid, bin, (char *const *)argv, env, err, errlen);
-        if (st) return st;
-        K3_INFO("cluster: started local worker %d (pid %d) for layers [%d, %d) on %s", i,
-                (int)s->pid, a, b, s->endpoint);
-    }
-    return K3_OK;
-}
-
-/* Local workers are stopped after the I/O thread sent them SHUTDOWN:
- * SIGTERM, then SIGKILL after 2 s; then the ipc directory goes. */
-static void local_stop(k3_cluster *c) {
-    for (int i = 0; i < c->n; i++) {
-        cl_stage *s = &c->st[i];
-        if (!s->pid) continue;
-        int status = k3_worker_stop(s->pid, 2000);
-        if (status != 0)
-            K3_WARN("cluster: local worker %d (pid %d) ended with status 0x%x", i, (int)s->pid,
-                    status);
-        s->pid = 0;
-        if (!strncmp(s->endpoint, "ipc://", 6)) unlink(s->endpoint + 6);
-    }
-    if (c->tmpdir[0]) rmdir(c->tmpdir);
 }
 
 /* Sorts ready stages by layer range and checks [0, n_layers) is covered
@@ -1104,8 +917,8 @@ static k3_status check_coverage(k3_cluster *c, char *err, size_t errlen) {
         if (s->a < at)
             return k3_errf(K3_ERR_MISMATCH, err, errlen,
                            "layer %d is served twice: by %s and by %s", s->a,
-                           stage_label(&c->st[c->order[i - 1]], l1, sizeof l1),
-                           stage_label(s, l2, sizeof l2));
+                           cl_stage_label(&c->st[c->order[i - 1]], l1, sizeof l1),
+                           cl_stage_label(s, l2, sizeof l2));
         at = s->b;
     }
     if (at != c->cfg.n_layers)
@@ -1117,16 +930,17 @@ static k3_status check_coverage(k3_cluster *c, char *err, size_t errlen) {
 
 /* Waits (c->mu held) until every stage is ready, one is refused, a local
  * worker exits, or the deadline passes. */
-static k3_status wait_ready_locked(k3_cluster *c, double deadline_ms, int check_children,
-                                   char *err, size_t errlen) {
+static k3_status wait_ready_locked(k3_cluster *c, double deadline_ms, int check_children, char *err,
+                                   size_t errlen) {
     char lab[512];
     for (;;) {
-        if (all_ready(c)) return K3_OK;
+        if (c->spawn_st) return k3_errf(c->spawn_st, err, errlen, "%s", c->spawn_err);
+        if (!c->spawn_pending && all_ready(c)) return K3_OK;
         for (int i = 0; i < c->n; i++) {
             cl_stage *s = &c->st[i];
             if (s->refused && s->state != LINK_READY)
-                return k3_errf(K3_ERR_AUTH, err, errlen, "%s: %s", stage_label(s, lab, sizeof lab),
-                               s->last_err);
+                return k3_errf(K3_ERR_AUTH, err, errlen, "%s: %s",
+                               cl_stage_label(s, lab, sizeof lab), s->last_err);
             int status;
             if (check_children && s->pid && k3_worker_exited(s->pid, &status)) {
                 s->pid = 0;
@@ -1141,7 +955,7 @@ static k3_status wait_ready_locked(k3_cluster *c, double deadline_ms, int check_
             for (int i = 0; i < c->n; i++)
                 if (c->st[i].state != LINK_READY)
                     return k3_errf(K3_ERR_TIMEOUT, err, errlen, "%s not registered: %s",
-                                   stage_label(&c->st[i], lab, sizeof lab),
+                                   cl_stage_label(&c->st[i], lab, sizeof lab),
                                    c->st[i].last_err[0] ? c->st[i].last_err : "no answer");
         }
         double until = t + 50 < deadline_ms ? t + 50 : deadline_ms;
@@ -1177,7 +991,9 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
                        o->step_timeout_ms, o->hb_ms);
     k3_cluster *c = k3_xcalloc(1, sizeof *c);
     c->o = *o;
-    if (c->o.request_wait_ms < 0) c->o.request_wait_ms = 2 * K3_LINK_LIVENESS * o->hb_ms;
+    /* TTL: a lost link is seen within TTL, so a step that meets a missing
+     * worker fails within 2 x TTL of the loss (RELIABILITY.md T1) */
+    if (c->o.request_wait_ms < 0) c->o.request_wait_ms = K3_LINK_LIVENESS * o->hb_ms;
     c->cfg = *cfg;
     c->D = cfg->hidden;
     c->n = n;
@@ -1194,10 +1010,12 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
     c->epoch_seed = ((uint64_t)rt.tv_sec * 1000000007ull ^ (uint64_t)rt.tv_nsec * 2654435761ull ^
-                     (uint64_t)getpid() << 40) << 32;
+                     (uint64_t)getpid() << 40)
+                    << 32;
     c->st = k3_xcalloc((size_t)n, sizeof *c->st);
     c->order = k3_xcalloc((size_t)n, sizeof *c->order);
-    k3_status st = k3_link_fingerprint(o->model->model_dir, cfg, o->model->topp, &c->fp, err, errlen);
+    k3_status st =
+        k3_link_fingerprint(o->model->model_dir, cfg, o->model->topp, &c->fp, err, errlen);
     k3_link_numerics(o->model, o->exact, &c->num);
     if (!st && o->curve_secret) {
         st = k3_link_secret_load(o->curve_secret, &c->kp, err, errlen);
@@ -1207,7 +1025,7 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
         cl_stage *s = &c->st[i];
         s->a = s->b = -1;
         if (o->n_workers > 0) {
-            sfmt(s->endpoint, sizeof s->endpoint, "%s", o->workers[i]);
+            cl_fmt(s->endpoint, sizeof s->endpoint, "%s", o->workers[i]);
             if (c->curve && o->worker_keys)
                 st = worker_key_for(o->worker_keys, s->endpoint, s->server_key, err, errlen);
             if (!st)
@@ -1227,11 +1045,12 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
             st = k3_errf(K3_ERR_IO, err, errlen, "cluster: eventfd / zmq context: %s",
                          strerror(errno));
     }
-    if (!st && o->n_workers == 0) st = local_start(c, err, errlen);
+    c->spawn_pending = o->n_workers == 0;
     if (!st) {
         if (pthread_create(&c->io, NULL, io_main, c) != 0)
             st = k3_errf(K3_ERR_INTERNAL, err, errlen, "cluster: cannot start the I/O thread");
-        else c->io_started = 1;
+        else
+            c->io_started = 1;
     }
     if (!st) {
         pthread_mutex_lock(&c->mu);
@@ -1246,7 +1065,7 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
     }
     char lab[512];
     for (int i = 0; i < n; i++)
-        K3_INFO("cluster: stage %d: %s", i, stage_label(&c->st[c->order[i]], lab, sizeof lab));
+        K3_INFO("cluster: stage %d: %s", i, cl_stage_label(&c->st[c->order[i]], lab, sizeof lab));
     *out = c;
     return K3_OK;
 }
@@ -1257,11 +1076,12 @@ void k3_cluster_close(k3_cluster **cp) {
     if (c->io_started) {
         pthread_mutex_lock(&c->mu);
         c->stopping = 1;
-        wake(c);
+        cl_wake(c);
+        pthread_cond_broadcast(&c->cv); /* an I/O thread parked after a failed spawn */
         pthread_mutex_unlock(&c->mu);
         pthread_join(c->io, NULL);
     }
-    local_stop(c);
+    cl_local_stop(c);
     if (c->ctx) zmq_ctx_term(c->ctx);
     if (c->efd >= 0) close(c->efd);
     while (c->sessions) { /* sessions not closed by their owners */
@@ -1321,7 +1141,7 @@ static void tr_state_close(k3_trunk *t, void **state) {
         d->next = c->ctl_in;
         c->ctl_in = d;
     }
-    wake(c);
+    cl_wake(c);
     pthread_mutex_unlock(&c->mu);
     free(x->epoch);
     free(x);
@@ -1344,11 +1164,11 @@ static k3_status tr_forward(k3_trunk *t, void *state, int pos0, int T, float *bl
     cl_sess *x = state;
     if (T < 1 || pos0 < 0 || (int64_t)pos0 + T > x->max_ctx)
         return k3_errf(K3_ERR_ARG, err, errlen,
-                       "cluster: positions [%d, %d) outside the session's [0, %d)", pos0,
-                       pos0 + T, x->max_ctx);
+                       "cluster: positions [%d, %d) outside the session's [0, %d)", pos0, pos0 + T,
+                       x->max_ctx);
     if (*nb != 0)
-        return k3_errf(K3_ERR_ARG, err, errlen, "cluster: %d AttnRes blocks given, layer 0 expects 0",
-                       *nb);
+        return k3_errf(K3_ERR_ARG, err, errlen,
+                       "cluster: %d AttnRes blocks given, layer 0 expects 0", *nb);
     cl_job *j = k3_xcalloc(1, sizeof *j);
     j->sess = x;
     j->pos0 = pos0;
@@ -1369,19 +1189,18 @@ static k3_status tr_forward(k3_trunk *t, void *state, int pos0, int T, float *bl
     x->busy = 1;
     j->next = c->incoming;
     c->incoming = j;
-    wake(c);
+    cl_wake(c);
     while (!j->finished) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
 
     k3_status st = j->st;
     if (st) {
-        sfmt(err, errlen, "%s", j->err);
+        cl_fmt(err, errlen, "%s", j->err);
     } else {
         *nb = j->nb_out;
         if (stats) *stats = j->stats;
         for (int p = 0; trace && j->trace_h && p < c->n; p++) /* stage outputs only */
-            trace(trace_ctx, c->st[c->order[p]].b - 1, pos0, T,
-                  j->trace_h + (size_t)p * T * c->D);
+            trace(trace_ctx, c->st[c->order[p]].b - 1, pos0, T, j->trace_h + (size_t)p * T * c->D);
     }
     free(j->trace_h);
     free(j->chunk);
@@ -1410,118 +1229,12 @@ k3_status k3_cluster_trunk(k3_cluster *c, k3_trunk **out, char *err, size_t errl
     return K3_OK;
 }
 
-/* ---- introspection -------------------------------------------------- */
+/* ---- waiting ------------------------------------------------------------ */
 
 k3_status k3_cluster_wait_ready(k3_cluster *c, int timeout_ms, char *err, size_t errlen) {
     pthread_mutex_lock(&c->mu);
-    wake(c);
+    cl_wake(c);
     k3_status st = wait_ready_locked(c, now_ms() + timeout_ms, 0, err, errlen);
     pthread_mutex_unlock(&c->mu);
     return st;
-}
-
-int k3_cluster_stages(const k3_cluster *c) { return c->n; }
-
-void k3_cluster_stage_info(k3_cluster *c, int i, k3_stage_info *o) {
-    memset(o, 0, sizeof *o);
-    if (i < 0 || i >= c->n) return;
-    pthread_mutex_lock(&c->mu);
-    cl_stage *s = &c->st[c->order[i]];
-    o->layer_a = s->a;
-    o->layer_b = s->b;
-    sfmt(o->name, sizeof o->name, "%s", s->name);
-    sfmt(o->endpoint, sizeof o->endpoint, "%s", s->endpoint);
-    o->ready = s->state == LINK_READY;
-    o->epoch = s->epoch;
-    o->pid = s->pid;
-    o->read_gbps = s->info.read_gbps;
-    o->forwards = s->forwards;
-    o->tokens = s->tokens;
-    o->busy_ms = s->busy_ms;
-    o->read_ms = s->read_ms;
-    o->bytes_read = s->bytes_read;
-    o->hits = s->hits;
-    o->misses = s->misses;
-    o->occupied_ms = s->occupied_ms + (s->n_pending ? now_ms() - s->occ_since_ms : 0);
-    o->hop_ms = s->hop_ms;
-    o->stale_dropped = s->dropped;
-    o->failures = s->failures;
-    pthread_mutex_unlock(&c->mu);
-}
-
-double k3_cluster_overlap_ms(k3_cluster *c) {
-    pthread_mutex_lock(&c->mu);
-    double v = c->overlap_ms;
-    pthread_mutex_unlock(&c->mu);
-    return v;
-}
-
-uint64_t k3_cluster_losses(k3_cluster *c) {
-    pthread_mutex_lock(&c->mu);
-    uint64_t v = c->losses;
-    pthread_mutex_unlock(&c->mu);
-    return v;
-}
-
-k3_status k3_cluster_worker_stats(k3_cluster *c, int i, proto_stats_ok *out, char *err,
-                                  size_t errlen) {
-    if (i < 0 || i >= c->n) return k3_errf(K3_ERR_ARG, err, errlen, "cluster: no stage %d", i);
-    cl_ctl x;
-    memset(&x, 0, sizeof x);
-    x.stage = i;
-    x.type = PROTO_MSG_STATS;
-    pthread_mutex_lock(&c->mu);
-    x.next = c->ctl_in;
-    c->ctl_in = &x;
-    wake(c);
-    double deadline = now_ms() + c->o.step_timeout_ms + 1000;
-    while (!x.done) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
-        if (!x.done && now_ms() > deadline) {
-            /* unlink it wherever it is: the queue or a pending request */
-            for (cl_ctl **pp = &c->ctl_in; *pp; pp = &(*pp)->next)
-                if (*pp == &x) {
-                    *pp = x.next;
-                    break;
-                }
-            for (int k = 0; k < c->n; k++)
-                for (cl_req *r = c->st[k].pending; r; r = r->next)
-                    if (r->ctl == &x) r->ctl = NULL;
-            x.done = 1;
-            x.st = K3_ERR_TIMEOUT;
-            sfmt(x.err, sizeof x.err, "no STATS_OK within %d ms", c->o.step_timeout_ms + 1000);
-        }
-    }
-    pthread_mutex_unlock(&c->mu);
-    if (x.st) return k3_errf(x.st, err, errlen, "cluster: stage %d: %s", i, x.err);
-    *out = x.stats;
-    return K3_OK;
-}
-
-void k3_cluster_print_stats(k3_cluster *c, FILE *f) {
-    fprintf(f, "cluster: %d stages, %llu links lost, %.1f ms with >= 2 stages busy\n", c->n,
-            (unsigned long long)k3_cluster_losses(c), k3_cluster_overlap_ms(c));
-    for (int i = 0; i < c->n; i++) {
-        k3_stage_info s;
-        k3_cluster_stage_info(c, i, &s);
-        double steps = s.forwards ? (double)s.forwards : 1;
-        fprintf(f,
-                "  stage %d %s layers [%d, %d): %llu steps, %llu tokens; busy %.1f ms (worker "
-                "compute), reads %.1f ms, occupied %.1f ms; hop %.3f ms/step; %.1f MB read "
-                "(%.0f B/token), experts %llu hit / %llu miss; drive %.2f GB/s; %llu dropped, "
-                "%llu lost\n",
-                i, s.name, s.layer_a, s.layer_b, (unsigned long long)s.forwards,
-                (unsigned long long)s.tokens, s.busy_ms, s.read_ms, s.occupied_ms, s.hop_ms / steps,
-                (double)s.bytes_read / 1e6,
-                s.tokens ? (double)s.bytes_read / (double)s.tokens : 0.0,
-                (unsigned long long)s.hits, (unsigned long long)s.misses, s.read_gbps,
-                (unsigned long long)s.stale_dropped, (unsigned long long)s.failures);
-    }
 }

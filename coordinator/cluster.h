@@ -57,27 +57,27 @@ typedef struct k3_cluster_opts {
     const k3_model_opts *model; /* borrowed */
     int exact;                  /* the --exact switch */
     /* Local workers */
-    const char *worker_bin;     /* NULL: $K3_WORKER_BIN, else k3-worker next to this program */
+    const char *worker_bin;         /* NULL: $K3_WORKER_BIN, else k3-worker next to this program */
     const char *const *worker_args; /* extra arguments for every local worker, borrowed */
     int n_worker_args;
-    int worker_threads;         /* --threads of each local worker, 0 = the model's / local */
-    int max_sessions;           /* --max-sessions of local workers, 0 = worker default */
-    int max_ctx;                /* --max-ctx of local workers, 0 = worker default */
+    int worker_threads; /* --threads of each local worker, 0 = the model's threads */
+    int max_sessions;   /* --max-sessions of local workers, 0 = worker default */
+    int max_ctx;        /* --max-ctx of local workers, 0 = worker default */
     /* Liveness and scheduling */
-    int hb_ms;                  /* heartbeat interval (TTL = 3 x hb_ms), 100..19000 */
-    int step_timeout_ms;        /* a worker silent this long with work pending is stalled */
-    int ready_timeout_ms;       /* k3_cluster_open waits this long for every worker */
-    int request_wait_ms;        /* a step waits this long for a re-registering worker */
-    int pipe_chunk;             /* tokens per pipelined micro-chunk; 0 = split each call
-                                   into one piece per stage (at least 8 tokens each) */
+    int hb_ms;            /* heartbeat interval (TTL = 3 x hb_ms), 100..19000 */
+    int step_timeout_ms;  /* a worker silent this long with work pending is stalled */
+    int ready_timeout_ms; /* k3_cluster_open waits this long for every worker */
+    int request_wait_ms;  /* a step waits this long for a re-registering worker */
+    int pipe_chunk;       /* tokens per pipelined micro-chunk; 0 = split each call
+                             into one piece per stage (at least 8 tokens each) */
     /* Transport security */
-    int insecure;               /* allow plain tcp off loopback */
-    const char *curve_secret;   /* our key pair file (mode 0600) */
-    const char *worker_keys;    /* lines "ENDPOINT|* Z85-public-key" */
+    int insecure;             /* allow plain tcp off loopback */
+    const char *curve_secret; /* our key pair file (mode 0600) */
+    const char *worker_keys;  /* lines "ENDPOINT|* Z85-public-key" */
 } k3_cluster_opts;
 
 /* Defaults: local 2, hb 1000 ms, step timeout 30 s, ready timeout 600 s,
- * request wait 2 x TTL, pipe_chunk 0. */
+ * request wait TTL, pipe_chunk 0. */
 void k3_cluster_opts_default(k3_cluster_opts *o);
 
 /* Starts the I/O thread (and the local workers), registers every worker and
@@ -99,21 +99,23 @@ k3_status k3_cluster_wait_ready(k3_cluster *c, int timeout_ms, char *err, size_t
 /* ---- introspection (--stats, tests) ---- */
 
 typedef struct k3_stage_info {
-    int layer_a, layer_b;       /* the worker's range */
+    int layer_a, layer_b; /* the worker's range */
     char name[K3_PROTO_MAX_NAME];
     char endpoint[256];
-    int ready;                  /* registered now */
-    uint64_t epoch;             /* current link epoch */
-    pid_t pid;                  /* local worker's pid, 0 otherwise */
-    double read_gbps;           /* from HELLO_OK */
-    uint64_t forwards, tokens;  /* steps completed on this stage */
-    double busy_ms;             /* worker-measured compute time (sum of compute_ms) */
-    double read_ms;             /* worker-measured expert read wait */
+    int ready;                 /* registered now */
+    uint64_t epoch;            /* current link epoch */
+    pid_t pid;                 /* local worker's pid, 0 otherwise */
+    double read_gbps;          /* from HELLO_OK */
+    uint64_t forwards, tokens; /* steps completed on this stage */
+    double busy_ms;            /* worker-measured compute time (sum of compute_ms) */
+    double read_ms;            /* worker-measured expert read wait */
     uint64_t bytes_read, hits, misses;
-    double occupied_ms;         /* coordinator-side: time with >= 1 step outstanding */
-    double hop_ms;              /* sum over steps of (round trip - worker time) */
-    uint64_t stale_dropped;     /* replies dropped: old epoch, unknown id, cancelled */
-    uint64_t failures;          /* times the link was declared lost */
+    double occupied_ms;          /* coordinator-side: time with >= 1 step outstanding */
+    double hop_ms;               /* mean (round trip - worker time) of steps sent to an idle
+                                    stage: transport and (de)serialisation of one hop */
+    uint64_t stale_dropped;      /* replies dropped: old epoch, unknown id, cancelled */
+    uint64_t tx_bytes, rx_bytes; /* tensor bytes sent in FORWARDs / received in FORWARD_DONEs */
+    uint64_t failures;           /* times the link was declared lost */
 } k3_stage_info;
 
 int k3_cluster_stages(const k3_cluster *c);
@@ -150,7 +152,9 @@ void k3_worker_bin(char *out, size_t cap);
 
 /* Starts `bin` with argv (argv[0] included, NULL-terminated) and the
  * environment plus env_add ("K=V", NULL-terminated, may be NULL). The child
- * gets SIGTERM when this process dies (PR_SET_PDEATHSIG). */
+ * gets SIGTERM when its parent dies (PR_SET_PDEATHSIG), and Linux means the
+ * calling *thread* by parent: call this from a thread that outlives the
+ * child (the cluster spawns its local workers from its I/O thread). */
 k3_status k3_worker_spawn(pid_t *pid, const char *bin, char *const argv[], char *const env_add[],
                           char *err, size_t errlen);
 

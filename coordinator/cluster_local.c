@@ -2,6 +2,9 @@
  * this machine (cluster.h, "local worker processes"). Used by --local N and
  * by the tests, which kill and restart workers.
  *
+ * cl_local_start / cl_local_stop are --local N of the cluster: N workers
+ * over ipc:// in a private directory with the coordinator's settings.
+ *
  * The child is started with fork + execve; between the two only
  * async-signal-safe calls run (the parent may have threads). Everything the
  * child needs (argv, the environment) is built before fork. The child asks
@@ -19,7 +22,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "coordinator/cluster.h"
+#include "coordinator/cluster_impl.h"
 
 extern char **environ;
 
@@ -120,4 +123,94 @@ int k3_worker_stop(pid_t pid, int grace_ms) {
     kill(pid, SIGKILL);
     if (waitpid(pid, &status, 0) != pid) return -1;
     return status;
+}
+
+/* ---- --local N ---------------------------------------------------------- */
+
+/* --local N: N workers over ipc:// in a private directory, layers split
+ * evenly, numerics and model settings copied from the coordinator's. */
+k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
+    const k3_model_opts *mo = c->o.model;
+    cl_fmt(c->tmpdir, sizeof c->tmpdir, "/tmp/k3c.XXXXXX");
+    if (!mkdtemp(c->tmpdir)) {
+        c->tmpdir[0] = 0;
+        return k3_errf(K3_ERR_IO, err, errlen, "local workers: mkdtemp: %s", strerror(errno));
+    }
+    char bin[4096];
+    if (c->o.worker_bin)
+        cl_fmt(bin, sizeof bin, "%s", c->o.worker_bin);
+    else
+        k3_worker_bin(bin, sizeof bin);
+    int L = c->cfg.n_layers, N = c->n;
+    /* Every worker gets all the threads: a single stream visits the stages
+     * one after the other, so a stage computing alone should use every core;
+     * when stages overlap (pipelined prefill, several sessions) the pool's
+     * short spin then futex sleep lets the kernel share the cores. */
+    int threads = c->o.worker_threads > 0 ? c->o.worker_threads : mo->threads;
+    if (threads < 1) threads = 1;
+    char dirs[4096] = "";
+    for (int i = 0; i < mo->n_dirs; i++) { /* "--dirs a,b": joined again */
+        size_t off = strlen(dirs);
+        cl_fmt(dirs + off, sizeof dirs - off, "%s%s", i ? "," : "", mo->dirs[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        cl_stage *s = &c->st[i];
+        int a = (int)((long)i * L / N), b = (int)((long)(i + 1) * L / N);
+        cl_fmt(s->endpoint, sizeof s->endpoint, "ipc://%s/w%d", c->tmpdir, i);
+        char v[16][64];
+        cl_fmt(v[0], 64, "%d-%d", a, b);
+        cl_fmt(v[1], 64, "local%d", i);
+        cl_fmt(v[2], 64, "%d", c->o.hb_ms);
+        cl_fmt(v[3], 64, "%d", mo->bits);
+        cl_fmt(v[4], 64, "%d", mo->mla_bits);
+        cl_fmt(v[5], 64, "%d", mo->head_bits);
+        cl_fmt(v[6], 64, "--idot=%d", mo->idot ? 1 : 0);
+        cl_fmt(v[7], 64, "%d", threads);
+        cl_fmt(v[8], 64, "%.17g", mo->expert_gb / N); /* the budget is split, not copied */
+        cl_fmt(v[9], 64, "--direct=%d", mo->direct ? 1 : 0);
+        cl_fmt(v[10], 64, "%d", c->o.max_sessions);
+        cl_fmt(v[11], 64, "%d", c->o.max_ctx);
+        const char *argv[64 + 32];
+        int n = 0;
+        const char *fixed[] = {bin,           "--model",   mo->model_dir, "--layers",   v[0],
+                               "--listen",    s->endpoint, "--name",      v[1],         "--hb-ms",
+                               v[2],          "--bits",    v[3],          "--mla-bits", v[4],
+                               "--head-bits", v[5],        v[6],          "--threads",  v[7],
+                               "--expert-gb", v[8],        v[9]};
+        for (size_t k = 0; k < sizeof fixed / sizeof fixed[0]; k++) argv[n++] = fixed[k];
+        if (c->o.exact) argv[n++] = "--exact";
+        if (c->o.max_sessions > 0) argv[n++] = "--max-sessions", argv[n++] = v[10];
+        if (c->o.max_ctx > 0) argv[n++] = "--max-ctx", argv[n++] = v[11];
+        if (mo->n_dirs > 0) argv[n++] = "--dirs", argv[n++] = dirs;
+        for (int k = 0; k < c->o.n_worker_args && n < 64 + 30; k++) argv[n++] = c->o.worker_args[k];
+        argv[n] = NULL;
+        /* settings the worker reads from the environment only */
+        char e[4][64];
+        cl_fmt(e[0], 64, "K3_LAYERS=%d", mo->max_layers);
+        cl_fmt(e[1], 64, "K3_TOPP=%.17g", mo->topp);
+        cl_fmt(e[2], 64, "K3_PIPE=%d", mo->pipe ? 1 : 0);
+        cl_fmt(e[3], 64, "K3_LOAD_THREADS=%d", mo->load_threads);
+        char *env[5] = {e[0], e[1], e[2], e[3], NULL};
+        k3_status st = k3_worker_spawn(&s->pid, bin, (char *const *)argv, env, err, errlen);
+        if (st) return st;
+        K3_INFO("cluster: started local worker %d (pid %d) for layers [%d, %d) on %s", i,
+                (int)s->pid, a, b, s->endpoint);
+    }
+    return K3_OK;
+}
+
+/* Local workers are stopped after the I/O thread sent them SHUTDOWN:
+ * SIGTERM, then SIGKILL after 2 s; then the ipc directory goes. */
+void cl_local_stop(k3_cluster *c) {
+    for (int i = 0; i < c->n; i++) {
+        cl_stage *s = &c->st[i];
+        if (!s->pid) continue;
+        int status = k3_worker_stop(s->pid, 2000);
+        if (status != 0)
+            K3_WARN("cluster: local worker %d (pid %d) ended with status 0x%x", i, (int)s->pid,
+                    status);
+        s->pid = 0;
+        if (!strncmp(s->endpoint, "ipc://", 6)) unlink(s->endpoint + 6);
+    }
+    if (c->tmpdir[0]) rmdir(c->tmpdir);
 }

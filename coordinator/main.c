@@ -27,6 +27,7 @@
 #include "cmd_tokenize.h"
 #include "common/config.h"
 #include "common/err.h"
+#include "common/experts.h"
 #include "common/limits.h"
 #include "common/log.h"
 #include "common/model.h"
@@ -59,6 +60,8 @@ typedef struct coord_opts {
     double expert_gb;
     int direct, pipe, load_threads;
     double expert_topp;
+    char *usage;    /* expert usage history file; NULL = <model>/.k3_usage, "off" = none */
+    int usage_save; /* save it at exit */
     int max_ctx; /* 0 = prompt + ngen */
     int layers;  /* 0 = all */
     int think;   /* chat mode: open the think channel */
@@ -282,6 +285,22 @@ static const k3_opt coord_table[] = {
      .max = 1,
      .metavar = "P",
      .help = "keep routed experts up to this cumulative weight (0 = all)"},
+    {.name = "usage",
+     .flag = "--usage",
+     .env = "K3_USAGE",
+     .env_alias = "COLI_USAGE",
+     .type = K3_OPT_STRING,
+     .offset = O(usage),
+     .metavar = "PATH",
+     .help = "expert usage history: warms the cache at start, saved at exit (default "
+             "<model>/.k3_usage; off = none; local workers inherit it)"},
+    {.name = "usage_save",
+     .env = "K3_USAGE_SAVE",
+     .env_alias = "USAGE_SAVE",
+     .type = K3_OPT_BOOL,
+     .offset = O(usage_save),
+     .def = "1",
+     .help = "save the expert usage history at exit (0 = read only)"},
     {.name = "max_ctx",
      .flag = "--max-ctx",
      .env = "K3_MAXT",
@@ -629,6 +648,20 @@ int main(int argc, char **argv) {
     mo.pipe = o.pipe;
     mo.load_threads = o.load_threads;
     mo.topp = o.expert_topp;
+    /* the usage history: <model>/.k3_usage unless given; "off" (or "")
+     * means none. Local workers read K3_USAGE / K3_USAGE_SAVE from the
+     * inherited environment, so the flag is exported for them (no thread
+     * runs yet, setenv is safe). */
+    char usage_path[4200];
+    if (!o.usage)
+        snprintf(usage_path, sizeof usage_path, "%s/.k3_usage", o.model);
+    else
+        snprintf(usage_path, sizeof usage_path, "%s", o.usage);
+    int usage_on = strcmp(usage_path, "off") != 0 && usage_path[0] != 0;
+    mo.usage_path = usage_on ? usage_path : NULL;
+    mo.usage_save = o.usage_save;
+    if (src[k3_opts_find(coord_table, N_COORD_OPTS, "usage")] == K3_OPT_SRC_FLAG)
+        setenv("K3_USAGE", usage_on ? usage_path : "off", 1);
     mo.verbose = k3_log_enabled(K3_LOG_INFO); /* per-layer load lines */
     K3_INFO("loading %s (bits %d/%d/%d, idot %d, %d threads)", o.model, mo.bits, mo.mla_bits,
             mo.head_bits, mo.idot, mo.threads);
@@ -813,6 +846,17 @@ int main(int argc, char **argv) {
                 (double)res.stats.bytes_read / (1024.0 * 1024.0),
                 (unsigned long long)res.stats.expert_hits,
                 (unsigned long long)res.stats.expert_misses);
+        struct k3_experts *xs = k3_model_experts(model);
+        if (xs) { /* the in-process expert store: its read rate over the run */
+            k3_expert_stats et;
+            k3_experts_totals(xs, &et);
+            fprintf(stderr,
+                    "stats: expert store %.3f GB read at %.2f GB/s (%.1f ms with reads in "
+                    "flight, %.1f ms waited by compute), %llu hits, %llu misses\n",
+                    (double)et.bytes / 1e9, et.io_ms > 0 ? (double)et.bytes / 1e6 / et.io_ms : 0.0,
+                    et.io_ms, et.read_ms, (unsigned long long)et.hits,
+                    (unsigned long long)et.misses);
+        }
         fprintf(stderr,
                 "stats: dense weights %.1f MiB, session state %.1f MiB, peak RSS %.1f MiB\n",
                 (double)k3_model_resident_bytes(model) / (1024.0 * 1024.0),
@@ -835,6 +879,8 @@ done:
     k3_trunk_close(&trunk);
     k3_cluster_close(&cluster);
     k3_tok_close(&tok);
+    if (model && k3_model_usage_save(model, err, sizeof err) != K3_OK)
+        K3_WARN("expert usage history not saved: %s", err);
     k3_model_close(&model);
     free(prompt);
     free(dirs);

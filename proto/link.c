@@ -1,5 +1,13 @@
 /* proto/link.c: socket options, endpoint policy, CURVE key files, the ZAP
- * handler and the HELLO fingerprint (link.h). */
+ * handler and the HELLO fingerprint (link.h).
+ *
+ * Key files are small text files, one "name = value" line per key:
+ *   <prefix>.key   public = <40 Z85>, secret = <40 Z85>   mode 0600
+ *   <prefix>.pub   public = <40 Z85>
+ * An allow-list holds public keys, bare or as "public = ..." lines, so a
+ * .pub file (or several concatenated) is an allow-list. Lines of a secret
+ * file are never quoted in an error message: one of them is the key.
+ */
 #include "proto/link.h"
 
 #include <errno.h>
@@ -23,7 +31,7 @@
 #define ZMQ_ZAP_ENFORCE_DOMAIN 93
 #endif
 
-#define K3_ZAP_DOMAIN "k3shard"
+#define K3_ZAP_DOMAIN   "k3shard"
 #define K3_ZAP_ENDPOINT "inproc://zeromq.zap.01"
 
 static k3_status zfail(const char *what, char *err, size_t errlen) {
@@ -39,8 +47,7 @@ static k3_status set_int(void *s, int opt, int v, const char *name, char *err, s
     return K3_OK;
 }
 
-k3_status k3_link_sockopts_apply(void *sock, const k3_link_sockopts *o, char *err,
-                                 size_t errlen) {
+k3_status k3_link_sockopts_apply(void *sock, const k3_link_sockopts *o, char *err, size_t errlen) {
     /* TTL travels in deciseconds and must stay < 60 s (libzmq #4226). */
     if (o->hb_ms != 0 && (o->hb_ms < 100 || o->hb_ms > 19000))
         return k3_errf(K3_ERR_ARG, err, errlen, "heartbeat interval %d ms outside [100, 19000]",
@@ -51,7 +58,8 @@ k3_status k3_link_sockopts_apply(void *sock, const k3_link_sockopts *o, char *er
     if (!st && o->hb_ms) {
         int ttl = o->hb_ms * K3_LINK_LIVENESS;
         st = set_int(sock, ZMQ_HEARTBEAT_IVL, o->hb_ms, "ZMQ_HEARTBEAT_IVL", err, errlen);
-        if (!st) st = set_int(sock, ZMQ_HEARTBEAT_TIMEOUT, ttl, "ZMQ_HEARTBEAT_TIMEOUT", err, errlen);
+        if (!st)
+            st = set_int(sock, ZMQ_HEARTBEAT_TIMEOUT, ttl, "ZMQ_HEARTBEAT_TIMEOUT", err, errlen);
         if (!st) st = set_int(sock, ZMQ_HEARTBEAT_TTL, ttl, "ZMQ_HEARTBEAT_TTL", err, errlen);
     }
     if (!st && o->handshake_ms > 0)
@@ -64,6 +72,9 @@ k3_status k3_link_sockopts_apply(void *sock, const k3_link_sockopts *o, char *er
 
 /* ---- endpoints ---- */
 
+/* Loopback = traffic that cannot leave this host: localhost, ::1 and all of
+ * 127.0.0.0/8. Host names other than "localhost" are not resolved here, so
+ * they count as network (the safe side: CURVE or --insecure needed). */
 static int is_loopback_host(const char *h, size_t n) {
     if (n == 9 && !memcmp(h, "localhost", 9)) return 1;
     if ((n == 3 && !memcmp(h, "::1", 3)) || (n == 5 && !memcmp(h, "[::1]", 5))) return 1;
@@ -71,12 +82,16 @@ static int is_loopback_host(const char *h, size_t n) {
     if (n < 7 || memcmp(h, "127.", 4) != 0) return 0;
     int dots = 0;
     for (size_t i = 0; i < n; i++) {
-        if (h[i] == '.') dots++;
-        else if (h[i] < '0' || h[i] > '9') return 0;
+        if (h[i] == '.')
+            dots++;
+        else if (h[i] < '0' || h[i] > '9')
+            return 0;
     }
     return dots == 3;
 }
 
+/* Syntax checks happen here, before libzmq sees the string, so that a typo
+ * is an error naming the endpoint instead of a connect that retries forever. */
 k3_link_ep_kind k3_link_endpoint_kind(const char *ep, char *err, size_t errlen) {
     if (!ep || !*ep) {
         k3_errf(K3_ERR_ARG, err, errlen, "empty endpoint");
@@ -97,8 +112,8 @@ k3_link_ep_kind k3_link_endpoint_kind(const char *ep, char *err, size_t errlen) 
         /* sun_path holds 108 bytes including the NUL */
         size_t n = len - 6;
         if (n == 0 || n > 107) {
-            k3_errf(K3_ERR_ARG, err, errlen, "endpoint '%s': ipc path of %zu bytes, expected 1..107",
-                    ep, n);
+            k3_errf(K3_ERR_ARG, err, errlen,
+                    "endpoint '%s': ipc path of %zu bytes, expected 1..107", ep, n);
             return K3_EP_INVALID;
         }
         return K3_EP_IPC;
@@ -163,7 +178,10 @@ k3_status k3_link_endpoint_policy(const char *ep, int have_curve, int insecure, 
 
 /* ---- small files ---- */
 
-/* Reads a whole regular file of at most max bytes, NUL-terminated. */
+/* Reads a whole regular file of at most max bytes, NUL-terminated. With
+ * `secret`, refuses a file that group or others may read or write (C6):
+ * checked on the open descriptor, so a file swapped after a stat cannot
+ * slip through. */
 static k3_status read_small(const char *path, size_t max, char **out, size_t *len, int secret,
                             char *err, size_t errlen) {
     *out = NULL;
@@ -267,15 +285,19 @@ static k3_status write_file(const char *path, const char *text, mode_t mode, cha
                        errno == EEXIST ? " (refusing to overwrite a key file)" : "");
     /* the umask may have widened nothing but could narrow .pub: set it */
     k3_status st = K3_OK;
-    if (fchmod(fd, mode) != 0) st = k3_errf(K3_ERR_IO, err, errlen, "%s: chmod: %s", path, strerror(errno));
+    if (fchmod(fd, mode) != 0)
+        st = k3_errf(K3_ERR_IO, err, errlen, "%s: chmod: %s", path, strerror(errno));
     size_t n = strlen(text), off = 0;
     while (!st && off < n) {
         ssize_t w = write(fd, text + off, n - off);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) st = k3_errf(K3_ERR_IO, err, errlen, "%s: write: %s", path, strerror(errno));
-        else off += (size_t)w;
+        if (w <= 0)
+            st = k3_errf(K3_ERR_IO, err, errlen, "%s: write: %s", path, strerror(errno));
+        else
+            off += (size_t)w;
     }
-    if (close(fd) != 0 && !st) st = k3_errf(K3_ERR_IO, err, errlen, "%s: close: %s", path, strerror(errno));
+    if (close(fd) != 0 && !st)
+        st = k3_errf(K3_ERR_IO, err, errlen, "%s: close: %s", path, strerror(errno));
     return st;
 }
 
@@ -301,8 +323,7 @@ k3_status k3_link_keygen(const char *prefix, k3_curve_keypair *out, char *err, s
     return write_file(path, text, 0644, err, errlen);
 }
 
-k3_status k3_link_secret_load(const char *path, k3_curve_keypair *out, char *err,
-                              size_t errlen) {
+k3_status k3_link_secret_load(const char *path, k3_curve_keypair *out, char *err, size_t errlen) {
     memset(out, 0, sizeof *out);
     char *buf;
     size_t len;
@@ -327,8 +348,11 @@ k3_status k3_link_secret_load(const char *path, k3_curve_keypair *out, char *err
             st = K3_ERR_FORMAT;
         }
         /* never quote a line of a secret file: it may be the key */
-        if (st) st = k3_errf(K3_ERR_FORMAT, err, errlen, "%s: line %d is not 'public = <40 Z85>' "
-                             "or 'secret = <40 Z85>'", path, line_no);
+        if (st)
+            st = k3_errf(K3_ERR_FORMAT, err, errlen,
+                         "%s: line %d is not 'public = <40 Z85>' "
+                         "or 'secret = <40 Z85>'",
+                         path, line_no);
     }
     memset(buf, 0, len);
     free(buf);
@@ -408,8 +432,8 @@ k3_status k3_link_curve_server(void *sock, const k3_curve_keypair *kp, char *err
 k3_status k3_link_curve_client(void *sock, const k3_curve_keypair *kp, const char *server_z85,
                                char *err, size_t errlen) {
     if (!server_z85 || strlen(server_z85) != K3_Z85_KEY_LEN)
-        return k3_errf(K3_ERR_ARG, err, errlen, "CURVE client: server key must be %d Z85 characters",
-                       K3_Z85_KEY_LEN);
+        return k3_errf(K3_ERR_ARG, err, errlen,
+                       "CURVE client: server key must be %d Z85 characters", K3_Z85_KEY_LEN);
     if (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server_z85, K3_Z85_KEY_LEN) != 0)
         return zfail("setsockopt ZMQ_CURVE_SERVERKEY", err, errlen);
     if (zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, kp->public_z85, K3_Z85_KEY_LEN) != 0)
@@ -422,7 +446,7 @@ k3_status k3_link_curve_client(void *sock, const k3_curve_keypair *kp, const cha
 /* ---- ZAP handler ---- */
 
 struct k3_zap {
-    void *sock;                 /* REP on inproc://zeromq.zap.01, owned by the thread */
+    void *sock; /* REP on inproc://zeromq.zap.01, owned by the thread */
     pthread_t thread;
     atomic_int stop;
     atomic_ullong refused;
@@ -442,7 +466,10 @@ static void zap_reply(void *s, const zmq_msg_t *reqid, const char *code, const c
 }
 
 /* One request: version, request id, domain, address, identity, mechanism,
- * credentials... (RFC 27). Anything but a listed CURVE key is refused. */
+ * credentials... (RFC 27). Anything but a listed CURVE key is refused. The
+ * REP socket must answer every request it reads, malformed or not, or it
+ * cannot read the next one; only libzmq itself can reach this inproc
+ * endpoint, so a malformed request would be a libzmq bug. */
 static void zap_handle(k3_zap *z) {
     zmq_msg_t f[ZAP_MAX_FRAMES];
     int n = 0, more = 1;
@@ -454,8 +481,10 @@ static void zap_handle(k3_zap *z) {
             break;
         }
         more = zmq_msg_more(&m);
-        if (n < ZAP_MAX_FRAMES) f[n++] = m;
-        else zmq_msg_close(&m);
+        if (n < ZAP_MAX_FRAMES)
+            f[n++] = m;
+        else
+            zmq_msg_close(&m);
     }
     const char *why = NULL;
     char key_z85[K3_Z85_KEY_LEN + 1] = "?";
@@ -476,7 +505,8 @@ static void zap_handle(k3_zap *z) {
         atomic_fetch_add(&z->refused, 1);
         char addr[64] = "";
         if (n > 3) {
-            size_t an = zmq_msg_size(&f[3]) < sizeof addr - 1 ? zmq_msg_size(&f[3]) : sizeof addr - 1;
+            size_t an =
+                zmq_msg_size(&f[3]) < sizeof addr - 1 ? zmq_msg_size(&f[3]) : sizeof addr - 1;
             memcpy(addr, zmq_msg_data(&f[3]), an);
             addr[an] = 0;
             for (size_t i = 0; i < an; i++)
@@ -492,6 +522,8 @@ static void zap_handle(k3_zap *z) {
     for (int i = 0; i < n; i++) zmq_msg_close(&f[i]);
 }
 
+/* Polls with a short timeout so that k3_zap_close (which sets stop) never
+ * waits more than 100 ms for the thread. */
 static void *zap_thread(void *arg) {
     k3_zap *z = arg;
     while (!atomic_load(&z->stop)) {
@@ -544,9 +576,7 @@ void k3_zap_close(k3_zap **zp) {
     *zp = NULL;
 }
 
-uint64_t k3_zap_refused(const k3_zap *z) {
-    return z ? atomic_load(&((k3_zap *)z)->refused) : 0;
-}
+uint64_t k3_zap_refused(const k3_zap *z) { return z ? atomic_load(&((k3_zap *)z)->refused) : 0; }
 
 /* ---- fingerprint and numerics ---- */
 
@@ -559,6 +589,9 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
+/* FNV-1a is enough here: the fingerprint guards against mistakes (another
+ * checkpoint, another config), not against an attacker, whom CURVE keeps
+ * out. */
 k3_status k3_link_fingerprint(const char *model_dir, const k3_config *cfg, double topp,
                               uint64_t *out, char *err, size_t errlen) {
     uint64_t h = 1469598103934665603ull;

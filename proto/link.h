@@ -34,7 +34,7 @@
 
 /* Default heartbeat interval (HB). TTL = 3 x HB (RELIABILITY.md 8). */
 #define K3_LINK_HB_MS_DEFAULT 1000
-#define K3_LINK_LIVENESS 3
+#define K3_LINK_LIVENESS      3
 
 /* Socket options of a cluster socket. */
 typedef struct k3_link_sockopts {
@@ -47,8 +47,7 @@ typedef struct k3_link_sockopts {
  * Sets LINGER, HEARTBEAT_IVL/TIMEOUT/TTL, HANDSHAKE_IVL, RECONNECT_IVL 100 ms
  * (max 2 s), SNDHWM/RCVHWM and ZMQ_MAXMSGSIZE (proto_socket_limit). Call
  * before bind/connect. */
-k3_status k3_link_sockopts_apply(void *sock, const k3_link_sockopts *o, char *err,
-                                 size_t errlen);
+k3_status k3_link_sockopts_apply(void *sock, const k3_link_sockopts *o, char *err, size_t errlen);
 
 /* ---- endpoints ---- */
 
@@ -87,8 +86,7 @@ k3_status k3_link_keygen(const char *prefix, k3_curve_keypair *out, char *err, s
 /* Loads a secret key file written by k3_link_keygen. Refuses (K3_ERR_AUTH) a
  * file readable or writable by group or others (mode wider than 0600), and
  * checks that the public key matches the secret one. */
-k3_status k3_link_secret_load(const char *path, k3_curve_keypair *out, char *err,
-                              size_t errlen);
+k3_status k3_link_secret_load(const char *path, k3_curve_keypair *out, char *err, size_t errlen);
 
 /* Parses one public key: 40 Z85 characters, or "public = <z85>". */
 k3_status k3_link_public_parse(const char *text, char out_z85[K3_Z85_KEY_LEN + 1], char *err,

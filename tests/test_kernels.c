@@ -73,7 +73,8 @@ static void mx_free(mx_buf *b) {
 /* ---- tables ---- */
 
 static void test_tables(void) {
-    static const float want[16] = {0, .5f, 1, 1.5f, 2, 3, 4, 6, -0.f, -.5f, -1, -1.5f, -2, -3, -4, -6};
+    static const float want[16] = {0,    .5f,  1,  1.5f,  2,  3,  4,  6,
+                                   -0.f, -.5f, -1, -1.5f, -2, -3, -4, -6};
     int ok = 1;
     for (int i = 0; i < 16; i++)
         ok &= k3_e2m1[i] == want[i] && signbit(k3_e2m1[i]) == signbit(want[i]);
@@ -146,7 +147,8 @@ static void test_quant_i8(void) {
     CHECK(m.fmt == K3_QF_I8, "bits 5 -> int8");
     k3_qmat_free(&m);
     k3_qmat_quantize(&m, r, 3, 128, 4);
-    CHECK(m.fmt == K3_QF_I4G64 && k3_qmat_bytes(&m) == 3 * 64 + 3 * 2 * 4, "bits 4, cols 128 -> int4-g64");
+    CHECK(m.fmt == K3_QF_I4G64 && k3_qmat_bytes(&m) == 3 * 64 + 3 * 2 * 4,
+          "bits 4, cols 128 -> int4-g64");
     k3_qmat_free(&m);
     k3_qmat_quantize(&m, r, 3, 96, 4);
     CHECK(m.fmt == K3_QF_I8, "bits 4, cols 96 (not a multiple of 64) -> int8 fallback");
@@ -172,7 +174,8 @@ static void test_quant_i4(void) {
         ok &= nib - 8 == want[c];
     }
     CHECK(ok, "int4 q = rint(w/s) half to even, stored q+8");
-    CHECK(m.q4[0] == (uint8_t)((0 + 8) | (2 + 8) << 4) && m.q4[3] == (uint8_t)((7 + 8) | (-7 + 8) << 4),
+    CHECK(m.q4[0] == (uint8_t)((0 + 8) | (2 + 8) << 4) &&
+              m.q4[3] == (uint8_t)((7 + 8) | (-7 + 8) << 4),
           "int4 nibble order: even column LOW (byte0 = 0x%02x, byte3 = 0x%02x)", m.q4[0], m.q4[3]);
     CHECK(m.scales[1] == 1e-20f && m.q4[32] == 0x88 && m.q4[63] == 0x88,
           "int4 zero group: s = 1e-20, nibbles 8");
@@ -213,7 +216,8 @@ static void test_downcast(void) {
     for (int row = 0; row < 5; row++)
         for (int g = 0; g < 4; g++) {
             int a = 0;
-            for (int i = 0; i < 64; i++) a = abs(m8.q8[row * 256 + g * 64 + i]) > a ? abs(m8.q8[row * 256 + g * 64 + i]) : a;
+            for (int i = 0; i < 64; i++)
+                a = abs(m8.q8[row * 256 + g * 64 + i]) > a ? abs(m8.q8[row * 256 + g * 64 + i]) : a;
             float s = (float)a * m8.scales[row] / 7.0f;
             bad += d.scales[row * 4 + g] != s;
             for (int i = 0; i < 64; i++) {
@@ -280,8 +284,8 @@ static void test_scalar_vs_f64(void) {
             e4 += (dq_weight(&m4, r, c) - v) * (dq_weight(&m4, r, c) - v);
             d += v * v;
         }
-    CHECK(sqrt(e8 / d) < 0.01 && sqrt(e4 / d) < 0.15, "weight quantization error int8 %.4f, int4 %.4f",
-          sqrt(e8 / d), sqrt(e4 / d));
+    CHECK(sqrt(e8 / d) < 0.01 && sqrt(e4 / d) < 0.15,
+          "weight quantization error int8 %.4f, int4 %.4f", sqrt(e8 / d), sqrt(e4 / d));
     k3_qmat_free(&m8);
     k3_qmat_free(&m4);
     free(w);
@@ -354,7 +358,8 @@ static void test_mxfp4_reference(void) {
             for (int c = 0; c < cols; c++) {
                 uint8_t byte = b.packed[(size_t)r * cols / 2 + c / 2];
                 int nib = (c & 1) ? byte >> 4 : byte & 15;
-                double wv = k3_e2m1[nib] * ldexp(1.0, b.scale[(size_t)r * cols / 32 + c / 32] - 127);
+                double wv =
+                    k3_e2m1[nib] * ldexp(1.0, b.scale[(size_t)r * cols / 32 + c / 32] - 127);
                 sq += wv * q[t * cols + c] * s[t * cols / 32 + c / 32];
                 sx += wv * x[t * cols + c];
             }
@@ -531,7 +536,8 @@ static void mx_case(const char *tag, int rows, int cols, const int *ns, int nn) 
     for (int li = 1; li < g_nlevels; li++) {
         force(g_levels[li]);
         k3_act_quant_q8(x, nmax, cols, q2, s2);
-        CHECK(!memcmp(q, q2, (size_t)nmax * cols) && !memcmp(s, s2, sizeof(float) * nmax * cols / 32),
+        CHECK(!memcmp(q, q2, (size_t)nmax * cols) &&
+                  !memcmp(s, s2, sizeof(float) * nmax * cols / 32),
               "%s act quant %dx%d: %s == scalar bit for bit", tag, nmax, cols,
               k3_isa_name(g_levels[li]));
     }
@@ -580,20 +586,48 @@ static void test_act_quant_edge_isa(void) {
     }
 }
 
-int main(void) {
+/* K3_ISA is read once, at the first kernel call: checked in a child process
+ * (this program with --print-isa) for a forced level and a bad value. */
+static void test_isa_env(const char *self) {
+    const k3_isa det = k3_isa_detect();
+    const char *envs[3] = {"scalar", "avx2", "bogus"};
+    /* a level above the CPU's, or a bad value, falls back to the detected one */
+    const char *want[3] = {"scalar", k3_isa_name(det >= K3_ISA_AVX2 ? K3_ISA_AVX2 : det),
+                           k3_isa_name(det)};
+    for (int i = 0; i < 3; i++) {
+        char cmd[1200], got[64] = "";
+        snprintf(cmd, sizeof cmd, "K3_ISA=%s '%s' --print-isa 2>/dev/null", envs[i], self);
+        FILE *f = popen(cmd, "r");
+        if (f) {
+            if (!fgets(got, sizeof got, f)) got[0] = 0;
+            pclose(f);
+        }
+        got[strcspn(got, "\n")] = 0;
+        CHECK(!strcmp(got, want[i]), "K3_ISA=%s -> active level %s (want %s)", envs[i], got,
+              want[i]);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "--print-isa")) {
+        printf("%s\n", k3_isa_name(k3_isa_active()));
+        return 0;
+    }
     char err[256];
     g_levels[g_nlevels++] = K3_ISA_SCALAR;
     for (k3_isa l = K3_ISA_AVX2; l <= k3_isa_detect(); l++) g_levels[g_nlevels++] = l;
     printf("# cpu supports up to %s; active %s\n", k3_isa_name(k3_isa_detect()),
            k3_isa_name(k3_isa_active()));
     if (g_nlevels == 1) printf("# no vector ISA on this CPU: vector-vs-scalar checks skipped\n");
-    CHECK(k3_isa_force((k3_isa)7, err, sizeof err) != K3_OK, "k3_isa_force rejects level 7: %s", err);
+    CHECK(k3_isa_force((k3_isa)7, err, sizeof err) != K3_OK, "k3_isa_force rejects level 7: %s",
+          err);
     for (int p = 2; p <= 3; p++)
         if (k3_pool_open(&g_pools[p], p, err, sizeof err) != K3_OK) {
             printf("not ok - pool: %s\n", err);
             return 1;
         }
 
+    test_isa_env(argv[0]);
     test_tables();
     test_quant_i8();
     test_quant_i4();
@@ -618,8 +652,12 @@ int main(void) {
         dense_case("odd", odd_rows[ri], 192, 4, ns, 4);
         for (int cols = 32; cols <= 160; cols += 32) mx_case("odd", odd_rows[ri], cols, ns, 4);
     }
-    mx_case("odd", 40, 32 * 300, ns + 1, 1); /* > 256 groups: the i8 kernel's group passes */
+    mx_case("odd", 40, 32 * 300, ns + 1, 1);      /* > 256 groups: the i8 kernel's group passes */
     mx_case("odd", 13, 64, (const int[]){40}, 1); /* > 32 tokens: the i8 token passes */
+
+    /* activations beyond the 16 MiB per-thread scratch: token chunks */
+    dense_case("chunked", 16, 65536, 4, (const int[]){70}, 1);
+    mx_case("chunked", 16, 65536, (const int[]){260}, 1);
 
     /* K3 shapes */
     mx_case("K3 gate/up", 3072, 3584, ns, 4);

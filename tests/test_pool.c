@@ -85,14 +85,16 @@ int main(void) {
         int bad = 0;
         for (size_t c = 0; c < sizeof counts / sizeof *counts; c++)
             bad += exercise(p, 300, counts[c], 0);
-        CHECK(bad == 0, "%d threads: 300 runs each of 0..1000 tasks, every task exactly once (%d bad)",
-              nt, bad);
+        CHECK(bad == 0,
+              "%d threads: 300 runs each of 0..1000 tasks, every task exactly once (%d bad)", nt,
+              bad);
         CHECK(exercise(p, 20, 50, 1) == 0,
               "%d threads: tasks of uneven length, run returns only when all are done", nt);
         /* let the workers fall asleep in futex, then run again */
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
-        CHECK(exercise(p, 3, 16, 0) == 0, "%d threads: runs after an idle pause (workers asleep)", nt);
+        CHECK(exercise(p, 3, 16, 0) == 0, "%d threads: runs after an idle pause (workers asleep)",
+              nt);
         double out[257];
         sum_job sj = {.out = out};
         int same = 1;

@@ -22,7 +22,8 @@ k3_status wk_pin_numa(int node, char *desc, size_t desclen, char *err, size_t er
         return k3_errf(K3_ERR_INTERNAL, err, errlen, "hwloc: cannot initialise a topology");
     k3_status st = K3_OK;
     if (hwloc_topology_load(topo) != 0) {
-        st = k3_errf(K3_ERR_IO, err, errlen, "hwloc: cannot load the topology: %s", strerror(errno));
+        st =
+            k3_errf(K3_ERR_IO, err, errlen, "hwloc: cannot load the topology: %s", strerror(errno));
         goto out;
     }
     int n_nodes = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
@@ -131,8 +132,8 @@ k3_status wk_bench_read(const char *model_dir, const char *const *dirs, int n_di
     for (int s = 0; s < n_shards && !st && total < max_bytes; s++) {
         if (!mine[s]) continue;
         int direct = 0;
-        long long got = read_file(st_shard_path(idx, s), max_bytes - total, buf, &direct, err,
-                                  errlen);
+        long long got =
+            read_file(st_shard_path(idx, s), max_bytes - total, buf, &direct, err, errlen);
         if (got < 0) {
             st = K3_ERR_IO;
             break;
@@ -147,8 +148,8 @@ k3_status wk_bench_read(const char *model_dir, const char *const *dirs, int n_di
     st_close(&idx);
     if (st) return st;
     if (!any)
-        return k3_errf(K3_ERR_MISSING, err, errlen,
-                       "bench: no shard holds layers [%d, %d) in %s", layer_a, layer_b, model_dir);
+        return k3_errf(K3_ERR_MISSING, err, errlen, "bench: no shard holds layers [%d, %d) in %s",
+                       layer_a, layer_b, model_dir);
     *bytes_read = total;
     *direct_used = all_direct;
     *gbps = dt > 0 ? (double)total / dt / 1e9 : 0;

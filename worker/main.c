@@ -50,6 +50,8 @@ typedef struct wopts {
     int bits, mla_bits, head_bits, idot, exact;
     int direct, pipe, load_threads, max_layers;
     double topp;
+    char *usage;    /* expert usage history; NULL = <model>/.k3_usage, "off" = none */
+    int usage_save; /* save it on a clean stop */
     char *name;
     char *fault;
     int verbose;
@@ -58,80 +60,252 @@ typedef struct wopts {
 
 #define O(f) offsetof(wopts, f)
 static const k3_opt table[] = {
-    {.name = "model", .flag = "--model", .env = "K3_MODEL", .type = K3_OPT_STRING,
-     .offset = O(model), .metavar = "DIR", .help = "model directory (config.json, index, shards)"},
-    {.name = "layers", .flag = "--layers", .type = K3_OPT_STRING, .offset = O(layers),
-     .metavar = "A-B", .help = "half-open layer range [A, B) this worker serves"},
-    {.name = "listen", .flag = "--listen", .type = K3_OPT_STRING, .offset = O(listen),
-     .metavar = "ENDPOINT", .help = "endpoint to bind: ipc://PATH or tcp://HOST:PORT"},
-    {.name = "dirs", .flag = "--dirs", .env = "K3_DIRS", .type = K3_OPT_LIST, .offset = O(dirs),
-     .max = K3_MAX_DIRS, .metavar = "D1,D2", .help = "extra shard directories (drives)"},
-    {.name = "numa", .flag = "--numa", .type = K3_OPT_INT, .offset = O(numa), .def = "-1",
-     .min = -1, .max = 1023, .metavar = "N",
+    {.name = "model",
+     .flag = "--model",
+     .env = "K3_MODEL",
+     .type = K3_OPT_STRING,
+     .offset = O(model),
+     .metavar = "DIR",
+     .help = "model directory (config.json, index, shards)"},
+    {.name = "layers",
+     .flag = "--layers",
+     .type = K3_OPT_STRING,
+     .offset = O(layers),
+     .metavar = "A-B",
+     .help = "half-open layer range [A, B) this worker serves"},
+    {.name = "listen",
+     .flag = "--listen",
+     .type = K3_OPT_STRING,
+     .offset = O(listen),
+     .metavar = "ENDPOINT",
+     .help = "endpoint to bind: ipc://PATH or tcp://HOST:PORT"},
+    {.name = "dirs",
+     .flag = "--dirs",
+     .env = "K3_DIRS",
+     .type = K3_OPT_LIST,
+     .offset = O(dirs),
+     .max = K3_MAX_DIRS,
+     .metavar = "D1,D2",
+     .help = "extra shard directories (drives)"},
+    {.name = "numa",
+     .flag = "--numa",
+     .type = K3_OPT_INT,
+     .offset = O(numa),
+     .def = "-1",
+     .min = -1,
+     .max = 1023,
+     .metavar = "N",
      .help = "pin CPUs and memory to NUMA node N (-1: no pinning)"},
-    {.name = "expert-gb", .flag = "--expert-gb", .env = "K3_EXPERT_GB", .type = K3_OPT_DOUBLE,
-     .offset = O(expert_gb), .def = "8", .min = 0, .max = 1e6, .metavar = "G",
+    {.name = "expert-gb",
+     .flag = "--expert-gb",
+     .env = "K3_EXPERT_GB",
+     .type = K3_OPT_DOUBLE,
+     .offset = O(expert_gb),
+     .def = "8",
+     .min = 0,
+     .max = 1e6,
+     .metavar = "G",
      .help = "routed-expert cache budget in GB"},
-    {.name = "max-sessions", .flag = "--max-sessions", .type = K3_OPT_INT,
-     .offset = O(max_sessions), .def = "16", .min = 1, .max = K3_MAX_SESSIONS, .metavar = "N",
+    {.name = "max-sessions",
+     .flag = "--max-sessions",
+     .type = K3_OPT_INT,
+     .offset = O(max_sessions),
+     .def = "16",
+     .min = 1,
+     .max = K3_MAX_SESSIONS,
+     .metavar = "N",
      .help = "session states held before the least recently used is evicted"},
-    {.name = "max-ctx", .flag = "--max-ctx", .env = "K3_MAXT", .type = K3_OPT_INT,
-     .offset = O(max_ctx), .def = "65536", .min = 1, .max = K3_MAX_CTX, .metavar = "N",
+    {.name = "max-ctx",
+     .flag = "--max-ctx",
+     .env = "K3_MAXT",
+     .type = K3_OPT_INT,
+     .offset = O(max_ctx),
+     .def = "65536",
+     .min = 1,
+     .max = K3_MAX_CTX,
+     .metavar = "N",
      .help = "tokens per session (MLA cache grows on demand up to this)"},
-    {.name = "max-chunk", .flag = "--max-chunk", .type = K3_OPT_INT, .offset = O(max_chunk),
-     .def = "512", .min = 1, .max = K3_MAX_CHUNK, .metavar = "T",
+    {.name = "max-chunk",
+     .flag = "--max-chunk",
+     .type = K3_OPT_INT,
+     .offset = O(max_chunk),
+     .def = "512",
+     .min = 1,
+     .max = K3_MAX_CHUNK,
+     .metavar = "T",
      .help = "largest chunk (tokens per step) accepted"},
-    {.name = "threads", .flag = "--threads", .env = "K3_THREADS", .type = K3_OPT_INT,
-     .offset = O(threads), .def = "0", .min = 0, .max = K3_MAX_THREADS, .metavar = "N",
+    {.name = "threads",
+     .flag = "--threads",
+     .env = "K3_THREADS",
+     .type = K3_OPT_INT,
+     .offset = O(threads),
+     .def = "0",
+     .min = 0,
+     .max = K3_MAX_THREADS,
+     .metavar = "N",
      .help = "compute threads (0: online CPUs, or the pinned node's)"},
-    {.name = "insecure", .flag = "--insecure", .type = K3_OPT_BOOL, .offset = O(insecure),
+    {.name = "insecure",
+     .flag = "--insecure",
+     .type = K3_OPT_BOOL,
+     .offset = O(insecure),
      .help = "allow a plain tcp endpoint off loopback (no CURVE)"},
-    {.name = "curve-secret", .flag = "--curve-secret", .env = "K3_CURVE_SECRET",
-     .type = K3_OPT_STRING, .offset = O(curve_secret), .metavar = "FILE",
+    {.name = "curve-secret",
+     .flag = "--curve-secret",
+     .env = "K3_CURVE_SECRET",
+     .type = K3_OPT_STRING,
+     .offset = O(curve_secret),
+     .metavar = "FILE",
      .help = "this worker's CURVE key pair (k3-coordinator keygen), mode 0600"},
-    {.name = "allow", .flag = "--allow", .env = "K3_CURVE_ALLOW", .type = K3_OPT_STRING,
-     .offset = O(allow), .metavar = "FILE",
+    {.name = "allow",
+     .flag = "--allow",
+     .env = "K3_CURVE_ALLOW",
+     .type = K3_OPT_STRING,
+     .offset = O(allow),
+     .metavar = "FILE",
      .help = "coordinator public keys admitted (one per line); required with CURVE"},
-    {.name = "hb-ms", .flag = "--hb-ms", .env = "K3_HB_MS", .type = K3_OPT_INT,
-     .offset = O(hb_ms), .def = "1000", .min = 100, .max = 19000, .metavar = "MS",
+    {.name = "hb-ms",
+     .flag = "--hb-ms",
+     .env = "K3_HB_MS",
+     .type = K3_OPT_INT,
+     .offset = O(hb_ms),
+     .def = "1000",
+     .min = 100,
+     .max = 19000,
+     .metavar = "MS",
      .help = "heartbeat interval; peers are dead after 3 silent intervals"},
-    {.name = "no-bench", .flag = "--no-bench", .type = K3_OPT_BOOL, .offset = O(no_bench),
+    {.name = "no-bench",
+     .flag = "--no-bench",
+     .type = K3_OPT_BOOL,
+     .offset = O(no_bench),
      .help = "skip the drive read benchmark (HELLO_OK then reports 0 GB/s)"},
-    {.name = "bench-mb", .flag = "--bench-mb", .type = K3_OPT_INT, .offset = O(bench_mb),
-     .def = "64", .min = 1, .max = 65536, .metavar = "MB",
+    {.name = "bench-mb",
+     .flag = "--bench-mb",
+     .type = K3_OPT_INT,
+     .offset = O(bench_mb),
+     .def = "64",
+     .min = 1,
+     .max = 65536,
+     .metavar = "MB",
      .help = "bytes of the worker's shards the drive benchmark reads"},
-    {.name = "bits", .flag = "--bits", .env = "K3_BITS", .type = K3_OPT_INT, .offset = O(bits),
-     .def = "4", .n_choices = 3, .choices = {4, 8, 32}, .metavar = "B",
+    {.name = "bits",
+     .flag = "--bits",
+     .env = "K3_BITS",
+     .type = K3_OPT_INT,
+     .offset = O(bits),
+     .def = "4",
+     .n_choices = 3,
+     .choices = {4, 8, 32},
+     .metavar = "B",
      .help = "dense weight bits (KDA, latent, shared, dense)"},
-    {.name = "mla-bits", .flag = "--mla-bits", .env = "K3_MLA_BITS", .type = K3_OPT_INT,
-     .offset = O(mla_bits), .def = "8", .n_choices = 3, .choices = {4, 8, 32}, .metavar = "B",
+    {.name = "mla-bits",
+     .flag = "--mla-bits",
+     .env = "K3_MLA_BITS",
+     .type = K3_OPT_INT,
+     .offset = O(mla_bits),
+     .def = "8",
+     .n_choices = 3,
+     .choices = {4, 8, 32},
+     .metavar = "B",
      .help = "MLA projection bits"},
-    {.name = "head-bits", .flag = "--head-bits", .env = "K3_HEAD_BITS", .type = K3_OPT_INT,
-     .offset = O(head_bits), .def = "8", .n_choices = 3, .choices = {4, 8, 32}, .metavar = "B",
+    {.name = "head-bits",
+     .flag = "--head-bits",
+     .env = "K3_HEAD_BITS",
+     .type = K3_OPT_INT,
+     .offset = O(head_bits),
+     .def = "8",
+     .n_choices = 3,
+     .choices = {4, 8, 32},
+     .metavar = "B",
      .help = "lm_head bits (unused by a worker, compared in HELLO)"},
-    {.name = "idot", .flag = "--idot", .env = "K3_IDOT", .type = K3_OPT_BOOL, .offset = O(idot),
-     .def = "1", .help = "int8-activation expert kernels"},
-    {.name = "exact", .flag = "--exact", .env = "K3_EXACT", .type = K3_OPT_BOOL,
-     .offset = O(exact), .help = "f32 everywhere and exact-float experts (bits 32, idot 0)"},
-    {.name = "direct", .flag = "--direct", .env = "K3_DIRECT", .type = K3_OPT_BOOL,
-     .offset = O(direct), .def = "1", .help = "O_DIRECT expert reads"},
-    {.name = "pipe", .env = "K3_PIPE", .type = K3_OPT_BOOL, .offset = O(pipe), .def = "1",
+    {.name = "idot",
+     .flag = "--idot",
+     .env = "K3_IDOT",
+     .type = K3_OPT_BOOL,
+     .offset = O(idot),
+     .def = "1",
+     .help = "int8-activation expert kernels"},
+    {.name = "exact",
+     .flag = "--exact",
+     .env = "K3_EXACT",
+     .type = K3_OPT_BOOL,
+     .offset = O(exact),
+     .help = "f32 everywhere and exact-float experts (bits 32, idot 0)"},
+    {.name = "direct",
+     .flag = "--direct",
+     .env = "K3_DIRECT",
+     .type = K3_OPT_BOOL,
+     .offset = O(direct),
+     .def = "1",
+     .help = "O_DIRECT expert reads"},
+    {.name = "pipe",
+     .env = "K3_PIPE",
+     .type = K3_OPT_BOOL,
+     .offset = O(pipe),
+     .def = "1",
      .help = "overlap expert loads with compute"},
-    {.name = "load-threads", .env = "K3_LOAD_THREADS", .type = K3_OPT_INT,
-     .offset = O(load_threads), .def = "4", .min = 1, .max = K3_MAX_LOAD_THREADS,
+    {.name = "load-threads",
+     .env = "K3_LOAD_THREADS",
+     .type = K3_OPT_INT,
+     .offset = O(load_threads),
+     .def = "4",
+     .min = 1,
+     .max = K3_MAX_LOAD_THREADS,
      .help = "weight loading threads"},
-    {.name = "max-layers", .env = "K3_LAYERS", .type = K3_OPT_INT, .offset = O(max_layers),
-     .def = "0", .min = 0, .max = K3_MAX_LAYERS, .help = "truncate the stack (0: all layers)"},
-    {.name = "topp", .env = "K3_TOPP", .type = K3_OPT_DOUBLE, .offset = O(topp), .def = "0",
-     .min = 0, .max = 1, .help = "expert top-p pruning (0: off)"},
-    {.name = "name", .flag = "--name", .type = K3_OPT_STRING, .offset = O(name),
-     .metavar = "NAME", .help = "name in logs and errors (default HOST:PID)"},
-    {.name = "fault", .env = "K3_WORKER_FAULT", .type = K3_OPT_STRING, .offset = O(fault),
+    {.name = "max-layers",
+     .env = "K3_LAYERS",
+     .type = K3_OPT_INT,
+     .offset = O(max_layers),
+     .def = "0",
+     .min = 0,
+     .max = K3_MAX_LAYERS,
+     .help = "truncate the stack (0: all layers)"},
+    {.name = "topp",
+     .env = "K3_TOPP",
+     .type = K3_OPT_DOUBLE,
+     .offset = O(topp),
+     .def = "0",
+     .min = 0,
+     .max = 1,
+     .help = "expert top-p pruning (0: off)"},
+    {.name = "usage",
+     .flag = "--usage",
+     .env = "K3_USAGE",
+     .env_alias = "COLI_USAGE",
+     .type = K3_OPT_STRING,
+     .offset = O(usage),
+     .metavar = "PATH",
+     .help = "expert usage history: warms the cache at start; this worker's layers' rows "
+             "are merged into it on a clean stop (default <model>/.k3_usage; off = none)"},
+    {.name = "usage-save",
+     .env = "K3_USAGE_SAVE",
+     .env_alias = "USAGE_SAVE",
+     .type = K3_OPT_BOOL,
+     .offset = O(usage_save),
+     .def = "1",
+     .help = "save the expert usage history on a clean stop (0 = read only)"},
+    {.name = "name",
+     .flag = "--name",
+     .type = K3_OPT_STRING,
+     .offset = O(name),
+     .metavar = "NAME",
+     .help = "name in logs and errors (default HOST:PID)"},
+    {.name = "fault",
+     .env = "K3_WORKER_FAULT",
+     .type = K3_OPT_STRING,
+     .offset = O(fault),
      .help = "tests only: 'stall=N' stalls the N-th FORWARD forever, 'nozap' skips the ZAP "
              "handler"},
-    {.name = "verbose", .flag = "--verbose", .short_flag = 'v', .type = K3_OPT_BOOL,
-     .offset = O(verbose), .help = "per-layer load progress"},
-    {.name = "help", .flag = "--help", .short_flag = 'h', .type = K3_OPT_BOOL, .offset = O(help),
+    {.name = "verbose",
+     .flag = "--verbose",
+     .short_flag = 'v',
+     .type = K3_OPT_BOOL,
+     .offset = O(verbose),
+     .help = "per-layer load progress"},
+    {.name = "help",
+     .flag = "--help",
+     .short_flag = 'h',
+     .type = K3_OPT_BOOL,
+     .offset = O(help),
      .help = "this text"},
 };
 #undef O
@@ -164,9 +338,12 @@ static int parse_fault(const char *s, wk_opts *w) {
     char buf[128];
     snprintf(buf, sizeof buf, "%s", s);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        if (!strcmp(tok, "nozap")) w->zap_off = 1;
-        else if (!strncmp(tok, "stall=", 6) && atoi(tok + 6) > 0) w->fault_stall_at = atoi(tok + 6);
-        else return -1;
+        if (!strcmp(tok, "nozap"))
+            w->zap_off = 1;
+        else if (!strncmp(tok, "stall=", 6) && atoi(tok + 6) > 0)
+            w->fault_stall_at = atoi(tok + 6);
+        else
+            return -1;
     }
     return 0;
 }
@@ -243,6 +420,15 @@ static int run(wopts *o) {
     mo.pipe = o->pipe;
     mo.load_threads = o->load_threads;
     mo.topp = o->topp;
+    /* <model>/.k3_usage unless given, "off" (or "") = none; one file for
+     * every worker of the model: a save merges (common/experts.h) */
+    char usage_path[4200];
+    if (!o->usage)
+        snprintf(usage_path, sizeof usage_path, "%s/.k3_usage", o->model);
+    else
+        snprintf(usage_path, sizeof usage_path, "%s", o->usage);
+    if (strcmp(usage_path, "off") != 0 && usage_path[0]) mo.usage_path = usage_path;
+    mo.usage_save = o->usage_save;
     mo.verbose = o->verbose;
     k3_model *m = NULL;
     double t0 = k3_now_s();
@@ -288,10 +474,21 @@ static int run(wopts *o) {
         gethostname(host, sizeof host - 1);
         snprintf(w.name, sizeof w.name, "%s:%d", host, (int)getpid());
     }
+    /* SIGTERM / SIGINT stop the loop from here on; before, while loading,
+     * their default action ends the process at once (nothing to flush).
+     * No SA_RESTART: a blocking poll returns EINTR and sees the flag. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     int rc = 0;
     if (wk_serve(m, &w, &g_stop, err, sizeof err)) {
         fprintf(stderr, "k3-worker: %s\n", err);
         rc = 1;
+    } else if (k3_model_usage_save(m, err, sizeof err)) { /* a clean stop */
+        K3_WARN("expert usage history not saved: %s", err);
     }
     k3_model_close(&m);
     k3_allow_list_free(&allow);
@@ -301,13 +498,6 @@ static int run(wopts *o) {
 
 int main(int argc, char **argv) {
     k3_log_init("k3-worker");
-    /* no SA_RESTART: a blocking poll returns EINTR and the loop sees the flag */
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     wopts o;

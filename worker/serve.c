@@ -31,41 +31,42 @@
 #include "worker/worker.h"
 
 typedef struct wk_req {
-    proto_msg msg;      /* decoded envelope */
-    proto_frames fr;    /* tensor frames and the sender's routing id, owned */
+    proto_msg msg;   /* decoded envelope */
+    proto_frames fr; /* tensor frames and the sender's routing id, owned */
     struct wk_req *next;
 } wk_req;
 
 typedef struct wk {
-    k3_model *m;                   /* borrowed */
+    k3_model *m; /* borrowed */
     const k3_config *cfg;
-    const wk_opts *o;              /* borrowed */
+    const wk_opts *o; /* borrowed */
     int layer_a, layer_b;
-    int k_stage;                   /* AttnRes snapshots our layers take */
-    proto_limits lim;              /* PROTOCOL.md 8 step 10 */
-    void *ctx, *sock;              /* owned */
-    k3_zap *zap;                   /* owned, curve only */
-    wk_sessions *sess;             /* owned */
-    volatile sig_atomic_t *stop;   /* borrowed: set by SIGTERM / SIGINT */
-    int shutdown;                  /* SHUTDOWN received */
+    int nb_in;                   /* AttnRes blocks a FORWARD brings: snapshots of [0, a) */
+    int k_stage;                 /* AttnRes snapshots our layers take */
+    proto_limits lim;            /* PROTOCOL.md 8 step 10 */
+    void *ctx, *sock;            /* owned */
+    k3_zap *zap;                 /* owned, curve only */
+    wk_sessions *sess;           /* owned */
+    volatile sig_atomic_t *stop; /* borrowed: set by SIGTERM / SIGINT */
+    int shutdown;                /* SHUTDOWN received */
 
-    uint64_t epoch;                /* current link epoch, 0 = not registered */
-    proto_peer coord;              /* routing id of the registered coordinator */
-    double last_tx_ms;             /* last message sent to it (heartbeat pacing) */
+    uint64_t epoch;    /* current link epoch, 0 = not registered */
+    proto_peer coord;  /* routing id of the registered coordinator */
+    double last_tx_ms; /* last message sent to it (heartbeat pacing) */
 
-    wk_req *q_head, *q_tail;       /* queued work, FIFO */
+    wk_req *q_head, *q_tail; /* queued work, FIFO */
     int q_len;
 
-    volatile int cancel;           /* polled by the stage between layers */
-    uint64_t busy_req, busy_sess;  /* the running FORWARD, 0 when idle */
-    int clear_pending;             /* new epoch mid-step: free sessions after it */
+    volatile int cancel;          /* polled by the stage between layers */
+    uint64_t busy_req, busy_sess; /* the running FORWARD, 0 when idle */
+    int clear_pending;            /* new epoch mid-step: free sessions after it */
 
-    float *blocks;                 /* [K3_MAX_RES_ENTRIES][cap_T][D] */
-    float *h;                      /* [cap_T][D] */
+    float *blocks; /* [nb_in + k_stage][cap_T][D] */
+    float *h;      /* [cap_T][D] */
     int cap_T;
 
-    proto_stats_ok stats;          /* cumulative (STATS_OK) */
-    uint64_t n_started;            /* FORWARDs started (fault hook) */
+    proto_stats_ok stats; /* cumulative (STATS_OK) */
+    uint64_t n_started;   /* FORWARDs started (fault hook) */
 } wk;
 
 /* ---- sending ---- */
@@ -120,8 +121,10 @@ static void req_free(wk_req *r) {
 
 static void queue_push(wk *w, wk_req *r) {
     r->next = NULL;
-    if (w->q_tail) w->q_tail->next = r;
-    else w->q_head = r;
+    if (w->q_tail)
+        w->q_tail->next = r;
+    else
+        w->q_head = r;
     w->q_tail = r;
     w->q_len++;
 }
@@ -172,8 +175,8 @@ static void on_hello(wk *w, wk_req *r) {
     const proto_hello *h = &r->msg.u.hello;
     char err[512];
     /* expected = what the coordinator asks for, got = what this worker is */
-    k3_status st = proto_check_compat(h->fingerprint, &h->num, w->o->fingerprint, &w->o->num, err,
-                                      sizeof err);
+    k3_status st =
+        proto_check_compat(h->fingerprint, &h->num, w->o->fingerprint, &w->o->num, err, sizeof err);
     if (st) {
         K3_WARN("%s: HELLO refused (coordinator build '%s'): %s", w->o->name, h->build, err);
         wk_send_error(w, &r->fr.from, &r->msg, st, err);
@@ -217,8 +220,8 @@ static void reply_ok(wk *w, const wk_req *r) {
 static void on_cancel(wk *w, wk_req *r) {
     const proto_cancel *c = &r->msg.u.cancel;
     queue_remove(w, c->request, c->session, 0, "cancelled by the coordinator");
-    if (w->busy_req && ((c->request && c->request == w->busy_req) ||
-                        (c->session && c->session == w->busy_sess)))
+    if (w->busy_req &&
+        ((c->request && c->request == w->busy_req) || (c->session && c->session == w->busy_sess)))
         w->cancel = 1; /* answered ERROR(cancel) when the step stops */
     reply_ok(w, r);
 }
@@ -260,18 +263,18 @@ static int check_epoch(wk *w, wk_req *r) {
 static void dispatch(wk *w, wk_req *r) {
     char msg[160];
     switch (r->msg.type) {
-    case PROTO_MSG_HEARTBEAT: /* a sign of life; nothing to do */
-        break;
-    case PROTO_MSG_HELLO:
-        on_hello(w, r);
-        break;
+    case PROTO_MSG_HEARTBEAT: /* a sign of life; nothing to do */ break;
+    case PROTO_MSG_HELLO: on_hello(w, r); break;
     case PROTO_MSG_CANCEL:
     case PROTO_MSG_STATS:
     case PROTO_MSG_SHUTDOWN:
         if (!check_epoch(w, r)) break;
-        if (r->msg.type == PROTO_MSG_CANCEL) on_cancel(w, r);
-        else if (r->msg.type == PROTO_MSG_STATS) on_stats(w, r);
-        else on_shutdown(w, r);
+        if (r->msg.type == PROTO_MSG_CANCEL)
+            on_cancel(w, r);
+        else if (r->msg.type == PROTO_MSG_STATS)
+            on_stats(w, r);
+        else
+            on_shutdown(w, r);
         break;
     case PROTO_MSG_FORWARD:
     case PROTO_MSG_SESSION_RESET:
@@ -325,8 +328,8 @@ static void wk_drain(wk *w) {
         }
         /* one whole message was consumed and rejected */
         w->stats.proto_errors++;
-        K3_WARN("%s: rejected a malformed %s message: %s", w->o->name,
-                proto_type_name(r->msg.type), err);
+        K3_WARN("%s: rejected a malformed %s message: %s", w->o->name, proto_type_name(r->msg.type),
+                err);
         if (r->fr.from.len && r->msg.type != PROTO_MSG_ERROR)
             wk_send_error(w, &r->fr.from, &r->msg, st, err);
         req_free(r);
@@ -347,13 +350,14 @@ static void wk_layer_hook(void *ctx, int layer, int pos0, int T, const float *h)
 static k3_status ensure_buffers(wk *w, int T, char *err, size_t errlen) {
     if (T <= w->cap_T) return K3_OK;
     size_t D = (size_t)w->cfg->hidden;
-    size_t nb = sizeof(float) * K3_MAX_RES_ENTRIES * (size_t)T * D;
+    size_t entries = (size_t)(w->nb_in + w->k_stage > 0 ? w->nb_in + w->k_stage : 1);
+    size_t nb = sizeof(float) * entries * (size_t)T * D;
     float *b = NULL, *h = NULL;
     if (posix_memalign((void **)&b, 64, nb) != 0 ||
         posix_memalign((void **)&h, 64, sizeof(float) * (size_t)T * D) != 0) {
         free(b);
-        return k3_errf(K3_ERR_NOMEM, err, errlen, "cannot allocate step buffers for T=%d (%zu bytes)",
-                       T, nb);
+        return k3_errf(K3_ERR_NOMEM, err, errlen,
+                       "cannot allocate step buffers for T=%d (%zu bytes)", T, nb);
     }
     free(w->blocks);
     free(w->h);
@@ -378,11 +382,12 @@ static void do_forward(wk *w, wk_req *r) {
     uint64_t evicted = 0;
     k3_state *state = NULL;
     k3_status st = proto_check_limits(&r->msg, &w->lim, err, sizeof err);
-    if (!st && (int64_t)f->n_blocks + w->k_stage > K3_MAX_RES_ENTRIES)
-        st = k3_errf(K3_ERR_LIMIT, err, sizeof err,
-                     "FORWARD: field 'nb': %u + %d snapshots of layers [%d, %d) > limit %d "
-                     "(K3_MAX_RES_ENTRIES)",
-                     f->n_blocks, w->k_stage, w->layer_a, w->layer_b, K3_MAX_RES_ENTRIES);
+    /* the block list of a step entering layer a holds exactly the snapshots
+     * of [0, a); checked before the frame is copied (buffer size) */
+    if (!st && (int)f->n_blocks != w->nb_in)
+        st = k3_errf(K3_ERR_ARG, err, sizeof err,
+                     "FORWARD: field 'nb': %u AttnRes blocks, layer %d expects %d", f->n_blocks,
+                     w->layer_a, w->nb_in);
     if (!st) st = ensure_buffers(w, (int)f->n_tokens, err, sizeof err);
     if (!st)
         st = wk_sessions_acquire(w->sess, f->session, (int)f->pos0, &state, &evicted, err,
@@ -409,8 +414,7 @@ static void do_forward(wk *w, wk_req *r) {
     w->cancel = *w->stop ? 1 : 0;
     w->n_started++;
     k3_stage_set_cancel(state, &w->cancel);
-    if (w->o->fault_stall_at && w->n_started == (uint64_t)w->o->fault_stall_at)
-        wk_fault_stall(w);
+    if (w->o->fault_stall_at && w->n_started == (uint64_t)w->o->fault_stall_at) wk_fault_stall(w);
     int nb = (int)f->n_blocks;
     k3_step_stats ss;
     memset(&ss, 0, sizeof ss);
@@ -467,20 +471,27 @@ static void do_session(wk *w, wk_req *r) {
     char err[512];
     k3_status st = proto_check_limits(&r->msg, &w->lim, err, sizeof err);
     if (!st) {
-        if (r->msg.type == PROTO_MSG_SESSION_RESET) wk_sessions_reset(w->sess, s->session);
-        else if (r->msg.type == PROTO_MSG_SESSION_DROP) wk_sessions_drop(w->sess, s->session);
-        else st = wk_sessions_truncate(w->sess, s->session, (int)s->n_tokens, err, sizeof err);
+        if (r->msg.type == PROTO_MSG_SESSION_RESET)
+            wk_sessions_reset(w->sess, s->session);
+        else if (r->msg.type == PROTO_MSG_SESSION_DROP)
+            wk_sessions_drop(w->sess, s->session);
+        else
+            st = wk_sessions_truncate(w->sess, s->session, (int)s->n_tokens, err, sizeof err);
     }
-    if (st) wk_send_error(w, &r->fr.from, &r->msg, st, err);
-    else reply_ok(w, r);
+    if (st)
+        wk_send_error(w, &r->fr.from, &r->msg, st, err);
+    else
+        reply_ok(w, r);
 }
 
 static void run_one(wk *w) {
     wk_req *r = queue_pop(w);
     if (!r) return;
     if (r->msg.epoch == w->epoch && !w->shutdown) {
-        if (r->msg.type == PROTO_MSG_FORWARD) do_forward(w, r);
-        else do_session(w, r);
+        if (r->msg.type == PROTO_MSG_FORWARD)
+            do_forward(w, r);
+        else
+            do_session(w, r);
     }
     req_free(r);
 }
@@ -490,7 +501,8 @@ static void run_one(wk *w) {
 static k3_status wk_open_socket(wk *w, char *err, size_t errlen) {
     const wk_opts *o = w->o;
     w->ctx = zmq_ctx_new();
-    if (!w->ctx) return k3_errf(K3_ERR_IO, err, errlen, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+    if (!w->ctx)
+        return k3_errf(K3_ERR_IO, err, errlen, "zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
     k3_status st = K3_OK;
     if (o->curve && !o->zap_off) st = k3_zap_open(&w->zap, w->ctx, o->allow, err, errlen);
     if (st) return st;
@@ -524,8 +536,8 @@ k3_status wk_serve(k3_model *m, const wk_opts *o, volatile sig_atomic_t *stop, c
     w.o = o;
     w.stop = stop;
     k3_model_range(m, &w.layer_a, &w.layer_b);
-    w.k_stage = k3_config_snapshots_before(w.cfg, w.layer_b) -
-                k3_config_snapshots_before(w.cfg, w.layer_a);
+    w.nb_in = k3_config_snapshots_before(w.cfg, w.layer_a);
+    w.k_stage = k3_config_snapshots_before(w.cfg, w.layer_b) - w.nb_in;
     w.lim.hidden = (uint32_t)w.cfg->hidden;
     w.lim.max_ctx = (uint32_t)o->max_ctx;
     w.lim.max_chunk = (uint32_t)o->max_chunk;
@@ -536,9 +548,8 @@ k3_status wk_serve(k3_model *m, const wk_opts *o, volatile sig_atomic_t *stop, c
         wk_cleanup(&w);
         return st;
     }
-    K3_INFO("%s: serving layers [%d, %d) on %s%s (max %d sessions x %d tokens)", o->name,
-            w.layer_a, w.layer_b, o->listen, o->curve ? " with CURVE" : "", o->max_sessions,
-            o->max_ctx);
+    K3_INFO("%s: serving layers [%d, %d) on %s%s (max %d sessions x %d tokens)", o->name, w.layer_a,
+            w.layer_b, o->listen, o->curve ? " with CURVE" : "", o->max_sessions, o->max_ctx);
     while (!*stop && !w.shutdown) {
         if (w.q_head) {
             wk_drain(&w); /* control messages first, then the oldest work */

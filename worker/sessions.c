@@ -20,7 +20,7 @@ typedef struct wk_slot {
 struct wk_sessions {
     const k3_model *m; /* borrowed */
     int max_sessions, max_ctx;
-    wk_slot *slot;     /* [max_sessions] */
+    wk_slot *slot; /* [max_sessions] */
     uint64_t tick;
     uint64_t evictions;
 };
@@ -32,8 +32,8 @@ k3_status wk_sessions_open(wk_sessions **out, const k3_model *m, int max_session
         return k3_errf(K3_ERR_LIMIT, err, errlen, "sessions: %d outside [1, %d] (K3_MAX_SESSIONS)",
                        max_sessions, K3_MAX_SESSIONS);
     if (max_ctx < 1 || max_ctx > K3_MAX_CTX)
-        return k3_errf(K3_ERR_LIMIT, err, errlen, "sessions: context %d outside [1, %d] (K3_MAX_CTX)",
-                       max_ctx, K3_MAX_CTX);
+        return k3_errf(K3_ERR_LIMIT, err, errlen,
+                       "sessions: context %d outside [1, %d] (K3_MAX_CTX)", max_ctx, K3_MAX_CTX);
     wk_sessions *t = k3_xcalloc(1, sizeof *t);
     t->m = m;
     t->max_sessions = max_sessions;
@@ -131,7 +131,8 @@ k3_status wk_sessions_truncate(wk_sessions *t, uint64_t id, int n, char *err, si
                        (unsigned long long)id, n);
     }
     int pos = k3_state_pos(s->state);
-    if (n == 0) k3_state_reset(s->state);
+    if (n == 0)
+        k3_state_reset(s->state);
     else if (n != pos)
         return k3_errf(K3_ERR_STATE, err, errlen,
                        "cannot truncate session %llu from %d to %d tokens: no checkpoint "

@@ -11,7 +11,9 @@
  *     copy, repeated), 1 and 2 threads. n = 1 is judged in GB/s against
  *     STREAM, n = 32 in GOP/s (2 ops per multiply-add) against the int8 peak.
  *
- * Usage: bench_kernels [--quick]. K3_ISA picks the level as everywhere.
+ * Usage: bench_kernels [--quick] [FILTER]: --quick shortens every
+ * measurement; FILTER runs only the kernels whose name contains it ("i8",
+ * "int4", ...). K3_ISA picks the level as everywhere.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -19,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/kernels.h"
 #include "common/pool.h"
@@ -48,6 +51,19 @@ static void fill_bytes(void *p, size_t n) {
 }
 
 static double g_min_time = 0.25; /* seconds per measurement */
+
+/* The load average, printed at both ends of the table: on a shared machine
+ * the 2-thread rows mean little when other work held the second core. */
+static void print_load(const char *when) {
+    char buf[128] = "unknown";
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (!fgets(buf, sizeof buf, f)) snprintf(buf, sizeof buf, "unknown");
+        fclose(f);
+    }
+    buf[strcspn(buf, "\n")] = 0;
+    printf("# load average %s: %s (%ld cpus online)\n", when, buf, sysconf(_SC_NPROCESSORS_ONLN));
+}
 static k3_pool *g_pool2;
 
 /* ---- STREAM-like read ---- */
@@ -78,11 +94,12 @@ static double stream_read(int threads, const uint8_t *buf, size_t bytes) {
     rd_job j = {.buf = buf, .bytes = bytes, .parts = threads};
     k3_pool *pool = threads == 1 ? NULL : g_pool2;
     k3_pool_run(pool, rd_task, &j, threads); /* warm */
-    double best = 0; /* best of 4 passes */
+    double best = 0;                         /* best of 4 passes */
     for (int rep = 0; rep < 4; rep++) {
         double t0 = now_s();
         k3_pool_run(pool, rd_task, &j, threads);
-        double gbs = (double)(bytes / (size_t)threads / 128 * 128 * (size_t)threads) / (now_s() - t0) / 1e9;
+        double gbs =
+            (double)(bytes / (size_t)threads / 128 * 128 * (size_t)threads) / (now_s() - t0) / 1e9;
         best = gbs > best ? gbs : best;
     }
     return best;
@@ -91,7 +108,7 @@ static double stream_read(int threads, const uint8_t *buf, size_t bytes) {
 /* ---- int8 dot peak ---- */
 
 #define PEAK_ITERS 20000000L
-#define KEEP(v) __asm__ volatile("" : "+x"(v))
+#define KEEP(v)    __asm__ volatile("" : "+x"(v))
 
 typedef struct {
     int kind; /* 0 avx2 maddubs chain, 1 avx512 vnni */
@@ -111,8 +128,9 @@ __attribute__((target("avx2"))) static void peak_avx2(int32_t *sink) {
         a4 = _mm256_add_epi32(a4, _mm256_madd_epi16(_mm256_maddubs_epi16(u, one), one));
         a5 = _mm256_add_epi32(a5, _mm256_madd_epi16(_mm256_maddubs_epi16(one, s), one));
     }
-    __m256i t = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
-                                 _mm256_add_epi32(a4, a5));
+    __m256i t =
+        _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(a0, a1), _mm256_add_epi32(a2, a3)),
+                         _mm256_add_epi32(a4, a5));
     sink[0] = _mm256_extract_epi32(t, 0);
 }
 
@@ -132,15 +150,18 @@ __attribute__((target("avx512f,avx512vnni"))) static void peak_avx512(int32_t *s
         a6 = _mm512_dpbusd_epi32(a6, u, u);
         a7 = _mm512_dpbusd_epi32(a7, s, s);
     }
-    __m512i t = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
-                                 _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
+    __m512i t =
+        _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(a0, a1), _mm512_add_epi32(a2, a3)),
+                         _mm512_add_epi32(_mm512_add_epi32(a4, a5), _mm512_add_epi32(a6, a7)));
     sink[0] = _mm512_reduce_add_epi32(t);
 }
 
 static void pk_task(void *ctx, int task) {
     pk_job *j = ctx;
-    if (j->kind == 1) peak_avx512(j->sink + task * 16);
-    else peak_avx2(j->sink + task * 16);
+    if (j->kind == 1)
+        peak_avx512(j->sink + task * 16);
+    else
+        peak_avx2(j->sink + task * 16);
 }
 
 /* multiply-adds per iteration: AVX2 6 x 32, AVX-512 8 x 64 */
@@ -189,7 +210,8 @@ static void weights_make(kweights *kw, const kshape *s, int copies) {
             fill_bytes(b, nel / 2);
             for (size_t i = 0; i < nel / 32; i++) b[nel / 2 + i] = (uint8_t)(112 + rnd() % 11);
             kw->mxbuf[c] = b;
-            kw->mx[c] = (k3_mxfp4){.packed = b, .scale = b + nel / 2, .rows = s->rows, .cols = s->cols};
+            kw->mx[c] =
+                (k3_mxfp4){.packed = b, .scale = b + nel / 2, .rows = s->rows, .cols = s->cols};
         }
         return;
     }
@@ -260,7 +282,14 @@ static double time_kernel(const kshape *s, kweights *kw, int use, const kio *io,
 }
 
 int main(int argc, char **argv) {
-    int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    int quick = 0;
+    const char *filter = NULL;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--quick"))
+            quick = 1;
+        else
+            filter = argv[a];
+    }
     if (quick) g_min_time = 0.05;
     char err[256];
     if (k3_pool_open(&g_pool2, 2, err, sizeof err) != K3_OK) {
@@ -270,6 +299,7 @@ int main(int argc, char **argv) {
     k3_isa isa = k3_isa_active();
     printf("# k3shard kernel benchmark: isa %s (cpu supports %s)\n", k3_isa_name(isa),
            k3_isa_name(k3_isa_detect()));
+    print_load("at start");
 
     /* denominators */
     const size_t sbytes = quick ? (256u << 20) : (1024u << 20);
@@ -281,7 +311,8 @@ int main(int argc, char **argv) {
     int pk_kind = isa == K3_ISA_AVX512 ? 1 : 0;
     double peak[3];
     for (int t = 1; t <= 2; t++) peak[t] = isa == K3_ISA_SCALAR ? 0 : int8_peak(pk_kind, t);
-    printf("# STREAM-like read: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", stream[1], stream[2]);
+    printf("# STREAM-like read: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", stream[1],
+           stream[2]);
     if (isa != K3_ISA_SCALAR)
         printf("# int8 dot peak (%s): %.0f GOP/s (1 thread), %.0f GOP/s (2 threads)\n",
                pk_kind ? "vpdpbusd zmm" : "vpmaddubsw+vpmaddwd+vpaddd ymm", peak[1], peak[2]);
@@ -294,13 +325,17 @@ int main(int argc, char **argv) {
         int runs = 20000;
         rd_job j = {.buf = NULL, .bytes = 0, .parts = 2};
         for (int i = 0; i < runs; i++) k3_pool_run(g_pool2, rd_task, &j, 2);
-        printf("# pool: an empty 2-thread k3_pool_run costs %.2f us\n", (now_s() - t0) / runs * 1e6);
+        printf("# pool: an empty 2-thread k3_pool_run costs %.2f us\n",
+               (now_s() - t0) / runs * 1e6);
     }
 
     static const kshape shapes[] = {
-        {"mxfp4 f32 gate/up", K_MX_F32, 0, 3072, 3584}, {"mxfp4 i8 gate/up", K_MX_I8, 0, 3072, 3584},
-        {"mxfp4 f32 down", K_MX_F32, 0, 3584, 3072},    {"mxfp4 i8 down", K_MX_I8, 0, 3584, 3072},
-        {"int4 kda qkv", K_DENSE, 4, 12288, 7168},      {"int8 mla", K_DENSE, 8, 1536, 7168},
+        {"mxfp4 f32 gate/up", K_MX_F32, 0, 3072, 3584},
+        {"mxfp4 i8 gate/up", K_MX_I8, 0, 3072, 3584},
+        {"mxfp4 f32 down", K_MX_F32, 0, 3584, 3072},
+        {"mxfp4 i8 down", K_MX_I8, 0, 3584, 3072},
+        {"int4 kda qkv", K_DENSE, 4, 12288, 7168},
+        {"int8 mla", K_DENSE, 8, 1536, 7168},
         {"int8 lm_head", K_DENSE, 8, 16384, 7168},
     };
     static const int ns[] = {1, 8, 32};
@@ -311,11 +346,14 @@ int main(int argc, char **argv) {
            "ms/call", "GB/s", "%strm", "GOP/s", "%peak");
     for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
         const kshape *s = &shapes[si];
+        if (filter && !strstr(s->name, filter)) continue;
         kweights kw;
         int copies = 1;
         {
             kweights probe;
-            weights_make(&probe, &(kshape){.kind = s->kind, .bits = s->bits, .rows = 64, .cols = s->cols}, 1);
+            weights_make(&probe,
+                         &(kshape){.kind = s->kind, .bits = s->bits, .rows = 64, .cols = s->cols},
+                         1);
             size_t per_row = probe.bytes / 64;
             weights_free(&probe);
             size_t one = per_row * (size_t)s->rows;
@@ -324,7 +362,8 @@ int main(int argc, char **argv) {
         }
         weights_make(&kw, s, copies);
         float *x = malloc(sizeof(float) * nmax * s->cols);
-        for (size_t i = 0; i < (size_t)nmax * s->cols; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+        for (size_t i = 0; i < (size_t)nmax * s->cols; i++)
+            x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
         int8_t *q = malloc((size_t)nmax * s->cols);
         float *qs = malloc(sizeof(float) * nmax * s->cols / 32);
         k3_act_quant_q8(x, nmax, s->cols, q, qs);
@@ -336,12 +375,14 @@ int main(int argc, char **argv) {
             int n = ns[ni];
             for (int thr = 1; thr <= 2; thr++) {
                 for (int hot = 0; hot <= 1; hot++) {
-                    double sec = time_kernel(s, &kw, hot ? 1 : copies, &io, n, thr == 1 ? NULL : g_pool2);
+                    double sec =
+                        time_kernel(s, &kw, hot ? 1 : copies, &io, n, thr == 1 ? NULL : g_pool2);
                     double gbs = (double)kw.bytes / sec / 1e9;
                     double gops = 2.0 * s->rows * (double)s->cols * n / sec / 1e9;
                     printf("%-18s %-11s %2d %3d %-4s %9.3f %7.1f %5.0f%% %7.1f %5.0f%%\n", s->name,
                            shape, n, thr, hot ? "hot" : "ram", sec * 1e3, gbs,
-                           100 * gbs / stream[thr], gops, peak[thr] > 0 ? 100 * gops / peak[thr] : 0);
+                           100 * gbs / stream[thr], gops,
+                           peak[thr] > 0 ? 100 * gops / peak[thr] : 0);
                     fflush(stdout);
                 }
             }
@@ -371,6 +412,7 @@ int main(int argc, char **argv) {
         free(q);
         free(s);
     }
+    print_load("at end");
     k3_pool_close(&g_pool2);
     return 0;
 }

@@ -54,8 +54,11 @@ for range in "2 4" "0 1" "5 8"; do
     strace -ff -e trace=open,openat -o "$T/w" "$W" --model "$TINY" --layers "$1-$2" \
         --listen "ipc://$T/w.sock" --threads 1 >"$T/w.log" 2>&1 &
     pid=$!
-    for _ in $(seq 100); do grep -q serving "$T/w.log" && break; sleep 0.05; done
-    kill -TERM $pid; wait $pid
+    for _ in $(seq 200); do grep -qs serving "$T/w.log" && break; sleep 0.05; done
+    # strace -o blocks fatal signals: stop the worker itself (strace's child)
+    wpid=$(ps -o pid= --ppid $pid | tr -d ' ')
+    [ -n "$wpid" ] && kill -TERM $wpid
+    wait $pid
     rc=$?
     want=$(expected "$1" "$2")
     got=$(cat "$T"/w.* 2>/dev/null | opened /dev/stdin)
@@ -70,7 +73,7 @@ done
 
 # 2. a coordinator with 2 local workers: each process's own set
 rm -f "$T"/c.*
-strace -ff -e trace=open,openat -o "$T/c" "$C" --model "$TINY" --ids 5,7,9 --ngen 2 \
+strace -ff -s 256 -v -e trace=open,openat,execve -o "$T/c" "$C" --model "$TINY" --ids 5,7,9 --ngen 2 \
     --local 2 --threads 1 >"$T/c.out" 2>"$T/c.log"
 rc=$?
 ok=1
@@ -80,7 +83,8 @@ for f in "$T"/c.*; do
     got=$(opened "$f")
     [ -z "$got" ] && continue
     if grep -q 'execve(".*k3-worker"' "$f"; then
-        layers=$(grep -o -- '"--layers", "[0-9]*-[0-9]*"' "$f" | head -1 | grep -o '[0-9]*-[0-9]*')
+        layers=$(grep -o -- '"--layers", "[0-9]*-[0-9]*"' "$f" | head -1 |
+            sed -E 's/.*"([0-9]+-[0-9]+)"/\1/')
         want=$(expected "${layers%-*}" "${layers#*-}")
         who="worker $layers"
     else

@@ -1,0 +1,122 @@
+/* coordinator/cluster_stats.c: what the cluster tells about itself
+ * (cluster.h "introspection"): per-stage counters, the pipelining overlap,
+ * links lost, a worker's own STATS, and the --stats report. Every reader
+ * takes the cluster's mutex; STATS travels through the I/O thread like any
+ * request and is bounded by the step deadline.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "coordinator/cluster_impl.h"
+
+static double now_ms(void) { return k3_now_ms(); }
+
+int k3_cluster_stages(const k3_cluster *c) { return c->n; }
+
+void k3_cluster_stage_info(k3_cluster *c, int i, k3_stage_info *o) {
+    memset(o, 0, sizeof *o);
+    if (i < 0 || i >= c->n) return;
+    pthread_mutex_lock(&c->mu);
+    cl_stage *s = &c->st[c->order[i]];
+    o->layer_a = s->a;
+    o->layer_b = s->b;
+    cl_fmt(o->name, sizeof o->name, "%s", s->name);
+    cl_fmt(o->endpoint, sizeof o->endpoint, "%s", s->endpoint);
+    o->ready = s->state == LINK_READY;
+    o->epoch = s->epoch;
+    o->pid = s->pid;
+    o->read_gbps = s->info.read_gbps;
+    o->forwards = s->forwards;
+    o->tokens = s->tokens;
+    o->busy_ms = s->busy_ms;
+    o->read_ms = s->read_ms;
+    o->bytes_read = s->bytes_read;
+    o->hits = s->hits;
+    o->misses = s->misses;
+    o->occupied_ms = s->occupied_ms + (s->n_pending ? now_ms() - s->occ_since_ms : 0);
+    o->hop_ms = s->hop_n ? s->hop_ms / (double)s->hop_n : 0;
+    o->stale_dropped = s->dropped;
+    o->tx_bytes = s->tx_bytes;
+    o->rx_bytes = s->rx_bytes;
+    o->failures = s->failures;
+    pthread_mutex_unlock(&c->mu);
+}
+
+double k3_cluster_overlap_ms(k3_cluster *c) {
+    pthread_mutex_lock(&c->mu);
+    double v = c->overlap_ms;
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+uint64_t k3_cluster_losses(k3_cluster *c) {
+    pthread_mutex_lock(&c->mu);
+    uint64_t v = c->losses;
+    pthread_mutex_unlock(&c->mu);
+    return v;
+}
+
+k3_status k3_cluster_worker_stats(k3_cluster *c, int i, proto_stats_ok *out, char *err,
+                                  size_t errlen) {
+    if (i < 0 || i >= c->n) return k3_errf(K3_ERR_ARG, err, errlen, "cluster: no stage %d", i);
+    cl_ctl x;
+    memset(&x, 0, sizeof x);
+    x.stage = i;
+    x.type = PROTO_MSG_STATS;
+    pthread_mutex_lock(&c->mu);
+    x.next = c->ctl_in;
+    c->ctl_in = &x;
+    cl_wake(c);
+    double deadline = now_ms() + c->o.step_timeout_ms + 1000;
+    while (!x.done) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        if (!x.done && now_ms() > deadline) {
+            /* unlink it wherever it is: the queue or a pending request */
+            for (cl_ctl **pp = &c->ctl_in; *pp; pp = &(*pp)->next)
+                if (*pp == &x) {
+                    *pp = x.next;
+                    break;
+                }
+            for (int k = 0; k < c->n; k++)
+                for (cl_req *r = c->st[k].pending; r; r = r->next)
+                    if (r->ctl == &x) r->ctl = NULL;
+            x.done = 1;
+            x.st = K3_ERR_TIMEOUT;
+            cl_fmt(x.err, sizeof x.err, "no STATS_OK within %d ms", c->o.step_timeout_ms + 1000);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (x.st) return k3_errf(x.st, err, errlen, "cluster: stage %d: %s", i, x.err);
+    *out = x.stats;
+    return K3_OK;
+}
+
+void k3_cluster_print_stats(k3_cluster *c, FILE *f) {
+    fprintf(f, "cluster: %d stages, %llu links lost, %.1f ms with >= 2 stages busy\n", c->n,
+            (unsigned long long)k3_cluster_losses(c), k3_cluster_overlap_ms(c));
+    for (int i = 0; i < c->n; i++) {
+        k3_stage_info s;
+        k3_cluster_stage_info(c, i, &s);
+        fprintf(f,
+                "  stage %d %s layers [%d, %d): %llu steps, %llu tokens; busy %.1f ms (worker "
+                "compute), reads %.1f ms, occupied %.1f ms; hop %.3f ms/step; wire %.0f B/token "
+                "(in + out); %.1f MB read (%.0f B/token), experts %llu hit / %llu miss; drive "
+                "%.2f GB/s; %llu dropped, %llu lost\n",
+                i, s.name, s.layer_a, s.layer_b, (unsigned long long)s.forwards,
+                (unsigned long long)s.tokens, s.busy_ms, s.read_ms, s.occupied_ms, s.hop_ms,
+                s.tokens ? (double)(s.tx_bytes + s.rx_bytes) / (double)s.tokens : 0.0,
+                (double)s.bytes_read / 1e6,
+                s.tokens ? (double)s.bytes_read / (double)s.tokens : 0.0,
+                (unsigned long long)s.hits, (unsigned long long)s.misses, s.read_gbps,
+                (unsigned long long)s.stale_dropped, (unsigned long long)s.failures);
+    }
+}

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# tests/integration/test_cluster_cli.sh: the k3-coordinator command line on
+# the cluster path, compared byte for byte with --local 0.
+#  - --all-logits files (teacher-forced logits of every prompt position) and
+#    the generated ids are identical (cmp) for --local 1, 2, 3, 8 with
+#    --chunk 1 and 32, with default and --exact numerics;
+#  - the same with --workers over tcp://127.0.0.1 (workers started here,
+#    listed out of layer order);
+#  - layer ranges that leave a gap or overlap are refused with the layers
+#    named; a worker started with other numerics is refused;
+#  - a worker asked to pin to a NUMA node that does not exist warns and
+#    serves unpinned, with identical results (RELIABILITY.md B7);
+#  - keygen writes a 0600 secret and a public key, never overwrites; a
+#    worker refuses a secret key file readable by others (RELIABILITY C6).
+set -u
+BUILD=${BUILD:-build}
+TINY=${TINY:-$BUILD/fixtures/tiny}
+C=$BUILD/k3-coordinator
+W=$BUILD/k3-worker
+for b in "$C" "$W"; do
+    [ -x "$b" ] || { echo "not ok - $b not built"; exit 1; }
+done
+T=$(mktemp -d "${TMPDIR:-/tmp}/k3cli.XXXXXX")
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$T"
+}
+trap cleanup EXIT
+export K3_LOG=warn
+fail=0
+ok() { echo "ok - $*"; }
+bad() { echo "not ok - $*"; fail=1; }
+
+IDS=$(/usr/bin/python3 -c 'import random; r=random.Random(7); print(",".join(str(r.randrange(1280)) for _ in range(41)))')
+run() {  # name args...: logits in $T/name.f32, ids line in $T/name.ids
+    local name=$1; shift
+    "$C" --model "$TINY" --ids "$IDS" --ngen 6 --print-ids --threads 1 \
+        --all-logits "$T/$name.f32" "$@" >"$T/$name.out" 2>"$T/$name.err"
+    local rc=$?
+    grep '^ids:' "$T/$name.out" >"$T/$name.ids"
+    return $rc
+}
+same() {  # a b
+    cmp -s "$T/$1.f32" "$T/$2.f32" && cmp -s "$T/$1.ids" "$T/$2.ids" && [ -s "$T/$1.ids" ]
+}
+
+for num in "" "--exact"; do
+    tag=${num:-default}
+    run ref0 --local 0 --chunk 32 $num || bad "--local 0 $num: $(tail -1 "$T/ref0.err")"
+    for chunk in 1 32; do
+        for L in 1 2 3 8; do
+            if run l$L --local $L --chunk $chunk $num && same l$L ref0; then
+                ok "--local $L --chunk $chunk ($tag): logits and ids identical to --local 0"
+            else
+                bad "--local $L --chunk $chunk ($tag) differs or failed: $(tail -1 "$T/l$L.err")"
+            fi
+        done
+    done
+done
+
+# --workers over tcp on loopback, started here, given out of order
+port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+EPS=()
+start_worker() {  # a b ep [args]
+    local a=$1 b=$2 ep=$3; shift 3
+    "$W" --model "$TINY" --layers "$a-$b" --listen "$ep" --threads 1 --no-bench --name "w$a" "$@" \
+        2>>"$T/workers.log" &
+    PIDS+=($!)
+}
+for r in "0 3" "3 5" "5 8"; do
+    set -- $r
+    ep="tcp://127.0.0.1:$(port)"
+    start_worker "$1" "$2" "$ep"
+    EPS=("$ep" "${EPS[@]}")
+done
+list=$(IFS=,; echo "${EPS[*]}")
+run ref0 --local 0 --chunk 32
+if run tcp --workers "$list" --chunk 32 --stats && same tcp ref0; then
+    ok "--workers over tcp (3 workers, listed in reverse): identical to --local 0"
+else
+    bad "--workers over tcp: $(tail -3 "$T/tcp.err")"
+fi
+if grep -q 'stage 2 w5 layers \[5, 8)' "$T/tcp.err"; then
+    ok "--stats prints per-stage lines"
+else
+    bad "--stats: no stage lines"
+fi
+
+# --numa: pinning that cannot be done (no such node) warns and continues
+ep_numa="tcp://127.0.0.1:$(port)"
+start_worker 0 8 "$ep_numa" --numa 99
+run numa --workers "$ep_numa" --chunk 32
+if same numa ref0 && grep -q 'NUMA pinning failed, continuing unpinned: NUMA node 99 does not exist' "$T/workers.log"; then
+    ok "--numa 99: the worker warns, runs unpinned, and its results are identical"
+else
+    bad "--numa 99: $(tail -1 "$T/numa.err")"
+fi
+
+# coverage: a gap, an overlap
+ep_gap="tcp://127.0.0.1:$(port)"
+start_worker 0 2 "$ep_gap"
+run gap --workers "$ep_gap,${EPS[0]}" # [0,2) + [5,8)
+if grep -q 'layers \[2, 5) are served by no worker' "$T/gap.err"; then
+    ok "a gap in the layer ranges is refused: $(grep -o 'layers \[2, 5).*' "$T/gap.err" | head -1)"
+else
+    bad "gap not refused: $(tail -1 "$T/gap.err")"
+fi
+run overlap --workers "$ep_gap,${EPS[2]},${EPS[1]},${EPS[0]}"
+if grep -q 'served twice' "$T/overlap.err"; then
+    ok "overlapping ranges are refused: $(grep -o 'layer [0-9]* is served twice.*' "$T/overlap.err" | cut -c1-120)"
+else
+    bad "overlap not refused: $(tail -1 "$T/overlap.err")"
+fi
+ep_bits="tcp://127.0.0.1:$(port)"
+start_worker 0 8 "$ep_bits" --bits 8
+run bits --workers "$ep_bits"
+if grep -q "numeric setting 'bits'" "$T/bits.err"; then
+    ok "a worker with other numerics is refused: $(grep -o "numeric setting 'bits'.*" "$T/bits.err" | head -1)"
+else
+    bad "numerics mismatch not refused: $(tail -1 "$T/bits.err")"
+fi
+
+# keygen and key files
+pub=$("$C" keygen "$T/k1" 2>/dev/null)
+mode=$(stat -c %a "$T/k1.key")
+if [ ${#pub} -eq 40 ] && [ "$mode" = 600 ] && grep -qF -- "$pub" "$T/k1.pub" &&
+    ! grep -q secret "$T/k1.pub"; then
+    ok "keygen: 0600 secret file, public key $pub in k1.pub"
+else
+    bad "keygen: pub '${pub}', mode $mode"
+fi
+if ! "$C" keygen "$T/k1" 2>"$T/kg.err" && grep -q 'refusing to overwrite' "$T/kg.err"; then
+    ok "keygen never overwrites a key file"
+else
+    bad "keygen overwrote or failed oddly: $(cat "$T/kg.err")"
+fi
+cp "$T/k1.key" "$T/open.key"
+chmod 644 "$T/open.key"
+"$W" --model "$TINY" --layers 0-8 --listen "tcp://127.0.0.1:$(port)" --curve-secret "$T/open.key" \
+    --allow "$T/k1.pub" --no-bench 2>"$T/c6.err"
+rc=$?
+if [ $rc -ne 0 ] && grep -q 'mode 0644' "$T/c6.err"; then
+    ok "C6: a secret key file with mode 0644 is refused: $(tail -1 "$T/c6.err" | cut -c1-120)"
+else
+    bad "C6: worker accepted a 0644 secret (rc $rc): $(tail -1 "$T/c6.err")"
+fi
+exit $fail
