@@ -43,7 +43,7 @@ TINY     := $(FIXTURES)/tiny
 CACHE    ?= $(HOME)/.cache/k3shard
 
 .PHONY: all deps test run asan ubsan tsan fuzz format format-check clean \
-        tiny slice bench-experts bench-kernels bench-cluster bench-drives tests-bin
+        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives tests-bin
 
 all: $(PROGS)
 
@@ -113,7 +113,7 @@ format:
 format-check:
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 
-bench-experts bench-kernels bench-cluster bench-drives: tests-bin
+bench-experts bench-kernels bench-layers bench-cluster bench-drives: tests-bin
 	BUILD=$(BUILD) CACHE=$(CACHE) bash tests/bench/$@.sh
 
 clean:

@@ -51,20 +51,19 @@ typedef struct k3_config {
     uint8_t is_boundary[K3_MAX_LAYERS]; /* 1 when i % res_bs == 0 (snapshot) */
 
     /* derived */
-    int qk_head;    /* qk_nope + qk_rope (192) */
-    int kda_proj;   /* kda_heads * kda_hd (12288) */
-    int shared_inter; /* n_shared * moe_inter (6144) */
+    int qk_head;       /* qk_nope + qk_rope (192) */
+    int kda_proj;      /* kda_heads * kda_hd (12288) */
+    int shared_inter;  /* n_shared * moe_inter (6144) */
     int n_layers_full; /* num_hidden_layers before truncation */
 } k3_config;
 
 /* Parses and validates <dir>/config.json. max_layers > 0 truncates the stack
  * (K3_LAYERS) without changing the schedules. */
-k3_status k3_config_load(k3_config *cfg, const char *dir, int max_layers, char *err,
-                         size_t errlen);
+k3_status k3_config_load(k3_config *cfg, const char *dir, int max_layers, char *err, size_t errlen);
 
 /* Same, from a JSON text in memory (tests, fuzzing). */
-k3_status k3_config_parse(k3_config *cfg, const char *json, size_t len, int max_layers,
-                          char *err, size_t errlen);
+k3_status k3_config_parse(k3_config *cfg, const char *json, size_t len, int max_layers, char *err,
+                          size_t errlen);
 
 /* Number of AttnRes snapshots taken by layers [0, layer_end). */
 int k3_config_snapshots_before(const k3_config *cfg, int layer_end);

@@ -50,14 +50,12 @@ void k3_err_prefix(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Always-on invariant check; prints file:line and the expression, aborts. */
-#define K3_ASSERT(cond)                                                        \
-    do {                                                                       \
-        if (__builtin_expect(!(cond), 0))                                      \
-            k3_assert_fail(#cond, __FILE__, __LINE__);                         \
+#define K3_ASSERT(cond)                                                                            \
+    do {                                                                                           \
+        if (__builtin_expect(!(cond), 0)) k3_assert_fail(#cond, __FILE__, __LINE__);               \
     } while (0)
 
-void k3_assert_fail(const char *expr, const char *file, int line)
-    __attribute__((noreturn));
+void k3_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
 
 /* Internal fixed-size allocations: abort with a message on OOM. */
 void *k3_xmalloc(size_t n);

@@ -4,7 +4,10 @@
  * bottleneck f_a -> f_b, beta, o). Sequential per token, in order: the conv
  * window shift and the delta-rule recurrence. Everything between the
  * projections is independent per head, so one pool task runs one head over
- * all T tokens: the per-head sums never depend on the thread count.
+ * all T tokens: the per-head sums never depend on the thread count. The
+ * per-head loops (SiLU, L2 norms, decay, the two fused state sweeps, the
+ * RMSNorm, the gate) are ISA-dispatched (ops_isa.h) with the same bits at
+ * every level; the short conv stays scalar (4 taps per channel).
  */
 #include <math.h>
 #include <string.h>

@@ -32,8 +32,8 @@
 
 /* ---- ISA dispatch ---- */
 typedef enum k3_isa { K3_ISA_SCALAR = 0, K3_ISA_AVX2 = 1, K3_ISA_AVX512 = 2 } k3_isa;
-k3_isa k3_isa_detect(void);          /* best level the CPU supports */
-k3_isa k3_isa_active(void);          /* level in use (K3_ISA or detected) */
+k3_isa k3_isa_detect(void); /* best level the CPU supports */
+k3_isa k3_isa_active(void); /* level in use (K3_ISA or detected) */
 k3_status k3_isa_force(k3_isa level, char *err, size_t errlen); /* tests; fails if unsupported */
 const char *k3_isa_name(k3_isa level);
 
@@ -42,12 +42,12 @@ typedef enum k3_qfmt { K3_QF_F32 = 0, K3_QF_I8 = 1, K3_QF_I4G64 = 4 } k3_qfmt;
 
 typedef struct k3_qmat {
     k3_qfmt fmt;
-    int rows, cols;    /* W is [rows][cols], y = W x */
-    float *w;          /* F32: [rows][cols] */
-    int8_t *q8;        /* I8: [rows][cols] */
-    uint8_t *q4;       /* I4G64: [rows][cols/2] */
-    float *scales;     /* I8: [rows]; I4G64: [rows][cols/64] */
-    int owned;         /* 1: buffers are heap-owned and freed by k3_qmat_free */
+    int rows, cols; /* W is [rows][cols], y = W x */
+    float *w;       /* F32: [rows][cols] */
+    int8_t *q8;     /* I8: [rows][cols] */
+    uint8_t *q4;    /* I4G64: [rows][cols/2] */
+    float *scales;  /* I8: [rows]; I4G64: [rows][cols/64] */
+    int owned;      /* 1: buffers are heap-owned and freed by k3_qmat_free */
 } k3_qmat;
 
 /* Quantizes f32 weights with the spec 4.2 algorithm: bits >= 32 -> F32 (copy),
@@ -97,7 +97,7 @@ void k3_mxfp4_matmul_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, in
 
 /* Threaded wrappers over all rows. */
 void k3_mxfp4_matmul_f32_mt(const k3_mxfp4 *w, const float *x, int n, float *y, k3_pool *pool);
-void k3_mxfp4_matmul_i8_mt(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
-                           float *y, k3_pool *pool);
+void k3_mxfp4_matmul_i8_mt(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                           k3_pool *pool);
 
 #endif

@@ -15,10 +15,14 @@ void k3_log_init(const char *prog) {
     snprintf(g_prog, sizeof g_prog, "%s", prog ? prog : "k3");
     const char *e = getenv("K3_LOG");
     if (!e) return;
-    if (!strcmp(e, "debug")) g_level = K3_LOG_DEBUG;
-    else if (!strcmp(e, "info")) g_level = K3_LOG_INFO;
-    else if (!strcmp(e, "warn")) g_level = K3_LOG_WARN;
-    else if (!strcmp(e, "error")) g_level = K3_LOG_ERROR;
+    if (!strcmp(e, "debug"))
+        g_level = K3_LOG_DEBUG;
+    else if (!strcmp(e, "info"))
+        g_level = K3_LOG_INFO;
+    else if (!strcmp(e, "warn"))
+        g_level = K3_LOG_WARN;
+    else if (!strcmp(e, "error"))
+        g_level = K3_LOG_ERROR;
 }
 
 int k3_log_enabled(k3_log_level lvl) { return lvl >= g_level; }

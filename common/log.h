@@ -12,8 +12,8 @@ void k3_log(k3_log_level lvl, const char *fmt, ...) __attribute__((format(printf
 int k3_log_enabled(k3_log_level lvl);
 
 #define K3_DEBUG(...) k3_log(K3_LOG_DEBUG, __VA_ARGS__)
-#define K3_INFO(...) k3_log(K3_LOG_INFO, __VA_ARGS__)
-#define K3_WARN(...) k3_log(K3_LOG_WARN, __VA_ARGS__)
+#define K3_INFO(...)  k3_log(K3_LOG_INFO, __VA_ARGS__)
+#define K3_WARN(...)  k3_log(K3_LOG_WARN, __VA_ARGS__)
 #define K3_ERROR(...) k3_log(K3_LOG_ERROR, __VA_ARGS__)
 
 /* Monotonic clock in seconds / milliseconds. */

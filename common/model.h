@@ -27,30 +27,30 @@
 #include "pool.h"
 
 typedef struct k3_model_opts {
-    const char *model_dir;        /* config.json, tokenizer, index */
-    const char *const *dirs;      /* extra shard dirs (--dirs / K3_DIRS) */
+    const char *model_dir;   /* config.json, tokenizer, index */
+    const char *const *dirs; /* extra shard dirs (--dirs / K3_DIRS) */
     int n_dirs;
-    int layer_a, layer_b;         /* [a, b); b <= 0 means n_layers; a = n_layers with
-                                     want_global: global tensors only (no layers) */
-    int want_global;              /* embedding, final norm, w_out, lm_head */
-    int max_layers;               /* K3_LAYERS truncation, 0 = all */
-    int bits;                     /* K3_BITS (default 4; 32 = f32) */
-    int mla_bits;                 /* K3_MLA_BITS (default 8) */
-    int head_bits;                /* K3_HEAD_BITS (default 8) */
-    int bits_explicit;            /* K3_BITS given explicitly (int8 container downcast) */
-    int idot;                     /* K3_IDOT: 1 = int8-activation expert kernels */
-    int threads;                  /* compute threads (pool size), >= 1 */
-    double expert_gb;             /* K3_EXPERT_GB routed-expert cache budget */
-    int direct;                   /* K3_DIRECT: O_DIRECT expert reads */
-    int pipe;                     /* K3_PIPE: overlap expert loads with compute */
-    int load_threads;             /* K3_LOAD_THREADS */
-    double topp;                  /* K3_TOPP: 0 = off */
-    const char *usage_path;       /* K3_USAGE expert usage history, copied; NULL = none
-                                     (the programs default it to <model_dir>/.k3_usage):
-                                     loaded at open (a mismatched file fails the open),
-                                     then the cache is warmed from it */
-    int usage_save;               /* K3_USAGE_SAVE: k3_model_usage_save writes the file */
-    int verbose;                  /* per-layer load progress on stderr */
+    int layer_a, layer_b;   /* [a, b); b <= 0 means n_layers; a = n_layers with
+                               want_global: global tensors only (no layers) */
+    int want_global;        /* embedding, final norm, w_out, lm_head */
+    int max_layers;         /* K3_LAYERS truncation, 0 = all */
+    int bits;               /* K3_BITS (default 4; 32 = f32) */
+    int mla_bits;           /* K3_MLA_BITS (default 8) */
+    int head_bits;          /* K3_HEAD_BITS (default 8) */
+    int bits_explicit;      /* K3_BITS given explicitly (int8 container downcast) */
+    int idot;               /* K3_IDOT: 1 = int8-activation expert kernels */
+    int threads;            /* compute threads (pool size), >= 1 */
+    double expert_gb;       /* K3_EXPERT_GB routed-expert cache budget */
+    int direct;             /* K3_DIRECT: O_DIRECT expert reads */
+    int pipe;               /* K3_PIPE: overlap expert loads with compute */
+    int load_threads;       /* K3_LOAD_THREADS */
+    double topp;            /* K3_TOPP: 0 = off */
+    const char *usage_path; /* K3_USAGE expert usage history, copied; NULL = none
+                               (the programs default it to <model_dir>/.k3_usage):
+                               loaded at open (a mismatched file fails the open),
+                               then the cache is warmed from it */
+    int usage_save;         /* K3_USAGE_SAVE: k3_model_usage_save writes the file */
+    int verbose;            /* per-layer load progress on stderr */
 } k3_model_opts;
 
 /* Fills opts with the spec defaults (bits 4/8/8, idot 1, expert_gb 8, direct 1,

@@ -70,8 +70,8 @@ static void sc_kda_decay_read(float *S, int d, const float *alpha, const float *
     }
 }
 
-static void sc_kda_write_read(float *S, int d, const float *k, const float *delta,
-                              const float *q, float *o) {
+static void sc_kda_write_read(float *S, int d, const float *k, const float *delta, const float *q,
+                              float *o) {
     for (int j = 0; j < d; j++) o[j] = 0.0f;
     for (int i = 0; i < d; i++) {
         float *row = S + (size_t)i * d;
@@ -100,10 +100,10 @@ static inline float qmat_at(const k3_qmat *m, int r, int c, float *scale) {
 }
 
 static void sc_rows_comb(const k3_qmat *m, int row0, int nrows, const float *coef, size_t coef_ld,
-                         int T, float *acc) {
+                         int T, float *acc, size_t acc_ld) {
     const int cols = m->cols;
     for (int t = 0; t < T; t++) {
-        float *a = acc + (size_t)t * cols;
+        float *a = acc + (size_t)t * acc_ld;
         for (int c = 0; c < cols; c++) a[c] = 0.0f;
         for (int i = 0; i < nrows; i++) {
             const float cf = coef[(size_t)t * coef_ld + (size_t)i];
@@ -116,11 +116,16 @@ static void sc_rows_comb(const k3_qmat *m, int row0, int nrows, const float *coe
     }
 }
 
-static void sc_wsum(const float *rows, int cols, const float *p, int n, float *acc) {
-    for (int c = 0; c < cols; c++) acc[c] = 0.0f;
-    for (int s = 0; s < n; s++) {
-        const float *row = rows + (size_t)s * cols;
-        for (int c = 0; c < cols; c++) acc[c] = fmaf(p[s], row[c], acc[c]);
+static void sc_wsum_multi(const float *rows, int cols, const float *p, size_t p_ld, int nq, int n,
+                          float *acc, size_t acc_ld) {
+    for (int q = 0; q < nq; q++) {
+        const float *pq = p + (size_t)q * p_ld;
+        float *a = acc + (size_t)q * acc_ld;
+        for (int c = 0; c < cols; c++) a[c] = 0.0f;
+        for (int s = 0; s < n; s++) {
+            const float *row = rows + (size_t)s * cols;
+            for (int c = 0; c < cols; c++) a[c] = fmaf(pq[s], row[c], a[c]);
+        }
     }
 }
 
@@ -215,7 +220,7 @@ const k3_ops_tab k3_ops_scalar = {
     .kda_decay_read = sc_kda_decay_read,
     .kda_write_read = sc_kda_write_read,
     .rows_comb = sc_rows_comb,
-    .wsum = sc_wsum,
+    .wsum_multi = sc_wsum_multi,
     .softmax = sc_softmax,
     .situ = sc_situ,
     .sigmoid_mul = sc_sigmoid_mul,

@@ -19,6 +19,8 @@
 #define OPS_LEVEL   K3_ISA_AVX2
 #define OPS_NB      4 /* 64 value columns: 8 ymm accumulators of 16 */
 #define OPS_RC_TT   2 /* rows_comb: 2 tokens x 32 columns = 8 ymm accumulators */
+#define OPS_WS_Q    4 /* wsum_multi: 4 heads x 16 columns = 8 ymm accumulators */
+#define OPS_WS_NV   1
 #define OPS_RC_NV   2
 
 typedef struct {

@@ -19,6 +19,8 @@
 #define OPS_LEVEL   K3_ISA_AVX512
 #define OPS_NB      8 /* 128 value columns of u / o in 8 zmm */
 #define OPS_RC_TT   4 /* rows_comb: 4 tokens x 64 columns = 16 zmm accumulators */
+#define OPS_WS_Q    4 /* wsum_multi: 4 heads x 64 columns = 16 zmm accumulators */
+#define OPS_WS_NV   4
 #define OPS_RC_NV   4
 
 typedef __m512 vf;
@@ -59,9 +61,8 @@ OPS_INL vf vf_neg(vf a) {
 /* |mag| with the sign of sgn (copysignf) */
 OPS_INL vf vf_copysign(vf mag, vf sgn) {
     const __m512i s = _mm512_set1_epi32((int)0x80000000u);
-    return _mm512_castsi512_ps(_mm512_or_si512(
-        _mm512_andnot_si512(s, _mm512_castps_si512(mag)),
-        _mm512_and_si512(s, _mm512_castps_si512(sgn))));
+    return _mm512_castsi512_ps(_mm512_or_si512(_mm512_andnot_si512(s, _mm512_castps_si512(mag)),
+                                               _mm512_and_si512(s, _mm512_castps_si512(sgn))));
 }
 /* 2^k for integral k in [-126, 127]: k + 127 in the exponent field */
 OPS_INL vf vf_pow2i(vf k) {

@@ -42,13 +42,17 @@ typedef struct k3_ops_tab {
                            float *o);
     /* acc[t][c] = sum_{i < nrows} fmaf(coef[t][i] * s(i, c), W[row0 + i][c], .)
      * in row order from 0, in W's load format (s: 1 for f32, the int8 row
-     * scale, the int4 group scale); coef[t] = coef + t * coef_ld, acc
-     * [T][m->cols]. The MLA q_abs = K_h^T q_nope build (spec 4.2). */
+     * scale, the int4 group scale); coef[t] = coef + t * coef_ld, acc[t] =
+     * acc + t * acc_ld (m->cols floats). The MLA q_abs = K_h^T q_nope build
+     * (spec 4.2). */
     void (*rows_comb)(const k3_qmat *m, int row0, int nrows, const float *coef, size_t coef_ld,
-                      int T, float *acc);
-    /* acc[c] = sum_{s < n} fmaf(p[s], rows[s][c], .) in row order from 0;
-     * rows [n][cols] contiguous. The MLA latent context. */
-    void (*wsum)(const float *rows, int cols, const float *p, int n, float *acc);
+                      int T, float *acc, size_t acc_ld);
+    /* acc[q][c] = sum_{s < n} fmaf(p[q][s], rows[s][c], .) in row order from
+     * 0, for q < nq queries sharing the rows; p[q] = p + q * p_ld, acc[q] =
+     * acc + q * acc_ld; rows [n][cols] contiguous. The MLA latent context of
+     * a group of heads (each cache row read once per group). */
+    void (*wsum_multi)(const float *rows, int cols, const float *p, size_t p_ld, int nq, int n,
+                       float *acc, size_t acc_ld);
     /* in place: x = exp(x - max) / sum, max ignoring NaN, sum in the lane order */
     void (*softmax)(float *x, int n);
     /* out = [b1 tanh(g/b1) sigma(g)] * [b2 tanh(u/b2)], left to right */
@@ -89,7 +93,7 @@ const k3_ops_tab *k3_ops(void);
  * e^89 are already 0 and inf in float); NaN stays NaN. Max error ~1 ulp.
  * Every backend runs exactly these operations per lane. */
 #define K3_EXP_LOG2E  1.44269502f
-#define K3_EXP_LN2_HI 0.693145751953125f     /* 0x3f317200: n * hi is exact */
+#define K3_EXP_LN2_HI 0.693145751953125f      /* 0x3f317200: n * hi is exact */
 #define K3_EXP_LN2_LO 1.42860676533018704e-6f /* ln2 - hi */
 #define K3_EXP_C7     (1.0f / 5040.0f)
 #define K3_EXP_C6     (1.0f / 720.0f)

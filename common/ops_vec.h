@@ -8,8 +8,9 @@
  *   OPS_FN, OPS_INL          function attributes (target, inline)
  *   OPS_NAME(x)              backend-prefixed name
  *   OPS_TABLE, OPS_LEVEL     the k3_ops_tab to define and its k3_isa
- *   OPS_NB                   16-lane vectors per register block (KDA, wsum)
+ *   OPS_NB                   16-lane vectors per register block (KDA sweeps)
  *   OPS_RC_TT, OPS_RC_NV     rows_comb tile: tokens x 16-lane vectors
+ *   OPS_WS_Q, OPS_WS_NV      wsum_multi tile: queries x 16-lane vectors
  *   vf (16 floats), vm (16-lane mask), vd (8 doubles) and
  *   vf_zero vf_set1 vf_load vf_loadn vf_store vf_storen vf_add vf_sub
  *   vf_mul vf_div vf_fma(a, b, c) = a*b + c rounded once, vf_max(a, b) =
@@ -24,6 +25,10 @@
  * vector gives the scalar bits; reductions add their tails in element order
  * after the lane tree instead, as the scalar does.
  */
+
+/* constant-bound loops over register blocks must unroll fully, or the
+ * accumulator arrays live on the stack */
+#define OPS_UNROLL _Pragma("GCC unroll 16")
 
 /* ---- exp, tanh, sigmoid: the operations of k3_exp_ref / k3_tanh_ref ---- */
 
@@ -73,170 +78,273 @@ OPS_INL vf v_sigmoid(vf z) {
  * Blocks of OPS_NB vectors of value columns keep u / o in registers while
  * the key rows stream; each column's sum runs over keys in key order. */
 
-#define OPS_COLS_LOOP(j0, d) for (int j0 = 0; j0 < (d); j0 += OPS_NB * 16)
-/* elements of vector b of a block at j0 in a row of d: 16, a tail, or <= 0 */
-#define OPS_CNT(d, j0, b) ((d) - (j0) - 16 * (b))
+/* Tile functions take their shape (vectors, tokens, queries, the column
+ * count of the block) as constants where the caller passes literals: the
+ * full-block calls then compile to straight-line code with the
+ * accumulators in registers, and only tail blocks carry the count tests. */
+
+/* columns [j0, j0 + cnt) of u: S[i][:] *= alpha[i], u += k[i] S[i][:] */
+OPS_INL void kda_dr_block(float *S, int d, int j0, const int cnt, const float *alpha,
+                          const float *k, float *u) {
+    vf acc[OPS_NB];
+    OPS_UNROLL
+    for (int b = 0; b < OPS_NB; b++) acc[b] = vf_zero();
+    for (int i = 0; i < d; i++) {
+        float *row = S + (size_t)i * d + j0;
+        const vf a = vf_set1(alpha[i]), kk = vf_set1(k[i]);
+        OPS_UNROLL
+        for (int b = 0; b < OPS_NB; b++) {
+            const int c = cnt - 16 * b;
+            if (c >= 16) {
+                const vf s = vf_mul(vf_load(row + 16 * b), a);
+                vf_store(row + 16 * b, s);
+                acc[b] = vf_fma(kk, s, acc[b]);
+            } else if (c > 0) {
+                const vf s = vf_mul(vf_loadn(row + 16 * b, c), a);
+                vf_storen(row + 16 * b, s, c);
+                acc[b] = vf_fma(kk, s, acc[b]);
+            }
+        }
+    }
+    OPS_UNROLL
+    for (int b = 0; b < OPS_NB; b++) {
+        const int c = cnt - 16 * b;
+        if (c >= 16)
+            vf_store(u + j0 + 16 * b, acc[b]);
+        else if (c > 0)
+            vf_storen(u + j0 + 16 * b, acc[b], c);
+    }
+}
+
+/* columns [j0, j0 + cnt): S[i][:] += k[i] delta, o += q[i] S[i][:] */
+OPS_INL void kda_wr_block(float *S, int d, int j0, const int cnt, const float *k,
+                          const float *delta, const float *q, float *o) {
+    vf acc[OPS_NB];
+    OPS_UNROLL
+    for (int b = 0; b < OPS_NB; b++) acc[b] = vf_zero();
+    for (int i = 0; i < d; i++) {
+        float *row = S + (size_t)i * d + j0;
+        const vf kk = vf_set1(k[i]), qq = vf_set1(q[i]);
+        OPS_UNROLL
+        for (int b = 0; b < OPS_NB; b++) {
+            const int c = cnt - 16 * b;
+            if (c >= 16) {
+                const vf s = vf_fma(kk, vf_load(delta + j0 + 16 * b), vf_load(row + 16 * b));
+                vf_store(row + 16 * b, s);
+                acc[b] = vf_fma(qq, s, acc[b]);
+            } else if (c > 0) {
+                const vf s =
+                    vf_fma(kk, vf_loadn(delta + j0 + 16 * b, c), vf_loadn(row + 16 * b, c));
+                vf_storen(row + 16 * b, s, c);
+                acc[b] = vf_fma(qq, s, acc[b]);
+            }
+        }
+    }
+    OPS_UNROLL
+    for (int b = 0; b < OPS_NB; b++) {
+        const int c = cnt - 16 * b;
+        if (c >= 16)
+            vf_store(o + j0 + 16 * b, acc[b]);
+        else if (c > 0)
+            vf_storen(o + j0 + 16 * b, acc[b], c);
+    }
+}
 
 static OPS_FN void OPS_NAME(kda_decay_read)(float *S, int d, const float *alpha, const float *k,
                                             float *u) {
-    OPS_COLS_LOOP(j0, d) {
-        vf acc[OPS_NB];
-        for (int b = 0; b < OPS_NB; b++) acc[b] = vf_zero();
-        for (int i = 0; i < d; i++) {
-            float *row = S + (size_t)i * d + j0;
-            const vf a = vf_set1(alpha[i]), kk = vf_set1(k[i]);
-            for (int b = 0; b < OPS_NB; b++) {
-                const int c = OPS_CNT(d, j0, b);
-                if (c >= 16) {
-                    const vf s = vf_mul(vf_load(row + 16 * b), a);
-                    vf_store(row + 16 * b, s);
-                    acc[b] = vf_fma(kk, s, acc[b]);
-                } else if (c > 0) {
-                    const vf s = vf_mul(vf_loadn(row + 16 * b, c), a);
-                    vf_storen(row + 16 * b, s, c);
-                    acc[b] = vf_fma(kk, s, acc[b]);
-                }
-            }
-        }
-        for (int b = 0; b < OPS_NB; b++) {
-            const int c = OPS_CNT(d, j0, b);
-            if (c >= 16)
-                vf_store(u + j0 + 16 * b, acc[b]);
-            else if (c > 0)
-                vf_storen(u + j0 + 16 * b, acc[b], c);
-        }
+    for (int j0 = 0; j0 < d; j0 += OPS_NB * 16) {
+        if (d - j0 >= OPS_NB * 16)
+            kda_dr_block(S, d, j0, OPS_NB * 16, alpha, k, u);
+        else
+            kda_dr_block(S, d, j0, d - j0, alpha, k, u);
     }
 }
 
 static OPS_FN void OPS_NAME(kda_write_read)(float *S, int d, const float *k, const float *delta,
                                             const float *q, float *o) {
-    OPS_COLS_LOOP(j0, d) {
-        vf acc[OPS_NB];
-        for (int b = 0; b < OPS_NB; b++) acc[b] = vf_zero();
-        for (int i = 0; i < d; i++) {
-            float *row = S + (size_t)i * d + j0;
-            const vf kk = vf_set1(k[i]), qq = vf_set1(q[i]);
-            for (int b = 0; b < OPS_NB; b++) {
-                const int c = OPS_CNT(d, j0, b);
-                if (c >= 16) {
-                    const vf s = vf_fma(kk, vf_load(delta + j0 + 16 * b), vf_load(row + 16 * b));
-                    vf_store(row + 16 * b, s);
-                    acc[b] = vf_fma(qq, s, acc[b]);
-                } else if (c > 0) {
-                    const vf s = vf_fma(kk, vf_loadn(delta + j0 + 16 * b, c),
-                                        vf_loadn(row + 16 * b, c));
-                    vf_storen(row + 16 * b, s, c);
-                    acc[b] = vf_fma(qq, s, acc[b]);
-                }
-            }
-        }
-        for (int b = 0; b < OPS_NB; b++) {
-            const int c = OPS_CNT(d, j0, b);
-            if (c >= 16)
-                vf_store(o + j0 + 16 * b, acc[b]);
-            else if (c > 0)
-                vf_storen(o + j0 + 16 * b, acc[b], c);
-        }
+    for (int j0 = 0; j0 < d; j0 += OPS_NB * 16) {
+        if (d - j0 >= OPS_NB * 16)
+            kda_wr_block(S, d, j0, OPS_NB * 16, k, delta, q, o);
+        else
+            kda_wr_block(S, d, j0, d - j0, k, delta, q, o);
     }
 }
 
 /* ---- MLA ---- */
 
-/* Weighted row sums in the load format. Tiles of OPS_RC_TT tokens x
- * OPS_RC_NV vectors of columns: each decoded weight vector serves the
- * tile's tokens. int4 runs in nibble order (vector 2b = even columns of a
- * 32-column block, 2b+1 = odd) and is interleaved back at the store. */
-static OPS_FN void OPS_NAME(rows_comb)(const k3_qmat *m, int row0, int nrows, const float *coef,
-                                       size_t coef_ld, int T, float *acc) {
-    const int cols = m->cols, W = OPS_RC_NV * 16;
-    const int i4 = m->fmt == K3_QF_I4G64, ng = cols / 64;
-    for (int t0 = 0; t0 < T; t0 += OPS_RC_TT) {
-        const int nt = T - t0 < OPS_RC_TT ? T - t0 : OPS_RC_TT;
-        for (int c0 = 0; c0 < cols; c0 += W) {
-            vf a[OPS_RC_TT][OPS_RC_NV];
-            for (int t = 0; t < OPS_RC_TT; t++)
-                for (int b = 0; b < OPS_RC_NV; b++) a[t][b] = vf_zero();
-            for (int i = 0; i < nrows; i++) {
-                const int r = row0 + i;
-                vf w[OPS_RC_NV];
-                float s = 1.0f;
-                if (i4) {
-                    const uint8_t *q = m->q4 + (size_t)r * (cols / 2) + c0 / 2;
-                    for (int b = 0; b < OPS_RC_NV / 2; b++)
-                        vf_dec_nib(q + 16 * b, &w[2 * b], &w[2 * b + 1]);
-                    s = m->scales[(size_t)r * ng + c0 / 64];
-                } else {
-                    for (int b = 0; b < OPS_RC_NV; b++) {
-                        const int c = cols - c0 - 16 * b;
-                        const size_t off = (size_t)r * cols + c0 + 16 * b;
-                        if (m->fmt == K3_QF_F32)
-                            w[b] = c >= 16 ? vf_load(m->w + off)
-                                           : c > 0 ? vf_loadn(m->w + off, c) : vf_zero();
-                        else
-                            w[b] = c >= 16 ? vf_dec_i8(m->q8 + off)
-                                           : c > 0 ? vf_dec_i8n(m->q8 + off, c) : vf_zero();
-                    }
-                    if (m->fmt == K3_QF_I8) s = m->scales[r];
-                }
-                for (int t = 0; t < OPS_RC_TT; t++) {
-                    if (t >= nt) break;
-                    const vf cs = vf_set1(coef[(size_t)(t0 + t) * coef_ld + i] * s);
-                    for (int b = 0; b < OPS_RC_NV; b++) a[t][b] = vf_fma(cs, w[b], a[t][b]);
-                }
+/* rows_comb tile: NT tokens x the cnt columns from c0 (at most OPS_RC_NV
+ * vectors) in format fmt. int4 runs in nibble order (vector 2b = even
+ * columns of a 32-column block, 2b+1 = odd), interleaved back at the store. */
+OPS_INL void rc_tile(const k3_qmat *m, int row0, int nrows, const float *coef, size_t coef_ld,
+                     float *acc, size_t acc_ld, int c0, const int fmt, const int NT,
+                     const int cnt) {
+    const int cols = m->cols, ng = cols / 64;
+    vf a[4][OPS_RC_NV];
+    OPS_UNROLL
+    for (int t = 0; t < NT; t++) {
+        OPS_UNROLL
+        for (int b = 0; b < OPS_RC_NV; b++) a[t][b] = vf_zero();
+    }
+    for (int i = 0; i < nrows; i++) {
+        const int r = row0 + i;
+        vf w[OPS_RC_NV];
+        float s = 1.0f;
+        if (fmt == K3_QF_I4G64) {
+            const uint8_t *q = m->q4 + (size_t)r * (cols / 2) + c0 / 2;
+            OPS_UNROLL
+            for (int b = 0; b < OPS_RC_NV / 2; b++)
+                vf_dec_nib(q + 16 * b, &w[2 * b], &w[2 * b + 1]);
+            s = m->scales[(size_t)r * ng + c0 / 64];
+        } else {
+            const size_t off = (size_t)r * cols + c0;
+            OPS_UNROLL
+            for (int b = 0; b < OPS_RC_NV; b++) {
+                const int c = cnt - 16 * b;
+                if (fmt == K3_QF_F32)
+                    w[b] = c >= 16 ? vf_load(m->w + off + 16 * b)
+                           : c > 0 ? vf_loadn(m->w + off + 16 * b, c)
+                                   : vf_zero();
+                else
+                    w[b] = c >= 16 ? vf_dec_i8(m->q8 + off + 16 * b)
+                           : c > 0 ? vf_dec_i8n(m->q8 + off + 16 * b, c)
+                                   : vf_zero();
             }
-            for (int t = 0; t < nt; t++) {
-                float *out = acc + (size_t)(t0 + t) * cols + c0;
-                if (i4) {
-                    for (int b = 0; b < OPS_RC_NV / 2; b++)
-                        vf_store_ilv(out + 32 * b, a[t][2 * b], a[t][2 * b + 1]);
-                    continue;
-                }
-                for (int b = 0; b < OPS_RC_NV; b++) {
-                    const int c = cols - c0 - 16 * b;
-                    if (c >= 16)
-                        vf_store(out + 16 * b, a[t][b]);
-                    else if (c > 0)
-                        vf_storen(out + 16 * b, a[t][b], c);
-                }
+            if (fmt == K3_QF_I8) s = m->scales[r];
+        }
+        OPS_UNROLL
+        for (int t = 0; t < NT; t++) {
+            const vf cs = vf_set1(coef[(size_t)t * coef_ld + i] * s);
+            OPS_UNROLL
+            for (int b = 0; b < OPS_RC_NV; b++) a[t][b] = vf_fma(cs, w[b], a[t][b]);
+        }
+    }
+    OPS_UNROLL
+    for (int t = 0; t < NT; t++) {
+        float *out = acc + (size_t)t * acc_ld + c0;
+        OPS_UNROLL
+        for (int b = 0; b < OPS_RC_NV; b++) {
+            const int c = cnt - 16 * b;
+            if (fmt == K3_QF_I4G64) {
+                if (b % 2 == 0) vf_store_ilv(out + 16 * b, a[t][b], a[t][b + 1]);
+            } else if (c >= 16) {
+                vf_store(out + 16 * b, a[t][b]);
+            } else if (c > 0) {
+                vf_storen(out + 16 * b, a[t][b], c);
             }
         }
     }
 }
 
-static OPS_FN void OPS_NAME(wsum)(const float *rows, int cols, const float *p, int n, float *acc) {
-    OPS_COLS_LOOP(j0, cols) {
-        vf a[OPS_NB];
-        for (int b = 0; b < OPS_NB; b++) a[b] = vf_zero();
-        for (int s = 0; s < n; s++) {
-            const float *row = rows + (size_t)s * cols + j0;
-            const vf ps = vf_set1(p[s]);
-            for (int b = 0; b < OPS_NB; b++) {
-                const int c = OPS_CNT(cols, j0, b);
-                if (c >= 16)
-                    a[b] = vf_fma(ps, vf_load(row + 16 * b), a[b]);
-                else if (c > 0)
-                    a[b] = vf_fma(ps, vf_loadn(row + 16 * b, c), a[b]);
+/* one rows_comb tile with the token count and a full column count as literals */
+#define RC_NT(fmt, cnt)                                                                            \
+    switch (nt) {                                                                                  \
+    case 1: rc_tile(m, row0, nrows, ct, coef_ld, at, acc_ld, c0, fmt, 1, cnt); break;              \
+    case 2: rc_tile(m, row0, nrows, ct, coef_ld, at, acc_ld, c0, fmt, 2, cnt); break;              \
+    case 3: rc_tile(m, row0, nrows, ct, coef_ld, at, acc_ld, c0, fmt, 3, cnt); break;              \
+    default: rc_tile(m, row0, nrows, ct, coef_ld, at, acc_ld, c0, fmt, 4, cnt); break;             \
+    }
+
+static OPS_FN void OPS_NAME(rows_comb)(const k3_qmat *m, int row0, int nrows, const float *coef,
+                                       size_t coef_ld, int T, float *acc, size_t acc_ld) {
+    const int cols = m->cols, W = OPS_RC_NV * 16;
+    for (int t0 = 0; t0 < T; t0 += OPS_RC_TT) {
+        const int nt = T - t0 < OPS_RC_TT ? T - t0 : OPS_RC_TT;
+        const float *ct = coef + (size_t)t0 * coef_ld;
+        float *at = acc + (size_t)t0 * acc_ld;
+        for (int c0 = 0; c0 < cols; c0 += W) {
+            const int cnt = cols - c0 < W ? cols - c0 : W;
+            if (m->fmt == K3_QF_I4G64) { /* cols % 64 == 0: blocks are full */
+                RC_NT(K3_QF_I4G64, OPS_RC_NV * 16)
+            } else if (m->fmt == K3_QF_I8) {
+                if (cnt == W) {
+                    RC_NT(K3_QF_I8, OPS_RC_NV * 16)
+                } else {
+                    RC_NT(K3_QF_I8, cnt)
+                }
+            } else if (cnt == W) {
+                RC_NT(K3_QF_F32, OPS_RC_NV * 16)
+            } else {
+                RC_NT(K3_QF_F32, cnt)
             }
-        }
-        for (int b = 0; b < OPS_NB; b++) {
-            const int c = OPS_CNT(cols, j0, b);
-            if (c >= 16)
-                vf_store(acc + j0 + 16 * b, a[b]);
-            else if (c > 0)
-                vf_storen(acc + j0 + 16 * b, a[b], c);
         }
     }
 }
+#undef RC_NT
+
+/* wsum tile: Q queries x the cnt columns from c0 (at most OPS_WS_NV
+ * vectors); each row vector loaded serves the Q queries. */
+OPS_INL void ws_tile(const float *rows, int cols, const float *p, size_t p_ld, int n, float *acc,
+                     size_t acc_ld, int c0, const int Q, const int cnt) {
+    vf a[4][OPS_WS_NV];
+    OPS_UNROLL
+    for (int j = 0; j < Q; j++) {
+        OPS_UNROLL
+        for (int b = 0; b < OPS_WS_NV; b++) a[j][b] = vf_zero();
+    }
+    for (int s = 0; s < n; s++) {
+        const float *row = rows + (size_t)s * cols + c0;
+        vf w[OPS_WS_NV];
+        OPS_UNROLL
+        for (int b = 0; b < OPS_WS_NV; b++) {
+            const int c = cnt - 16 * b;
+            w[b] = c >= 16 ? vf_load(row + 16 * b) : c > 0 ? vf_loadn(row + 16 * b, c) : vf_zero();
+        }
+        OPS_UNROLL
+        for (int j = 0; j < Q; j++) {
+            const vf ps = vf_set1(p[(size_t)j * p_ld + s]);
+            OPS_UNROLL
+            for (int b = 0; b < OPS_WS_NV; b++) a[j][b] = vf_fma(ps, w[b], a[j][b]);
+        }
+    }
+    OPS_UNROLL
+    for (int j = 0; j < Q; j++) {
+        OPS_UNROLL
+        for (int b = 0; b < OPS_WS_NV; b++) {
+            float *out = acc + (size_t)j * acc_ld + c0 + 16 * b;
+            const int c = cnt - 16 * b;
+            if (c >= 16)
+                vf_store(out, a[j][b]);
+            else if (c > 0)
+                vf_storen(out, a[j][b], c);
+        }
+    }
+}
+
+#define WS_Q(cnt)                                                                                  \
+    switch (mq) {                                                                                  \
+    case 1: ws_tile(rows, cols, pq, p_ld, n, aq, acc_ld, c0, 1, cnt); break;                       \
+    case 2: ws_tile(rows, cols, pq, p_ld, n, aq, acc_ld, c0, 2, cnt); break;                       \
+    case 3: ws_tile(rows, cols, pq, p_ld, n, aq, acc_ld, c0, 3, cnt); break;                       \
+    default: ws_tile(rows, cols, pq, p_ld, n, aq, acc_ld, c0, 4, cnt); break;                      \
+    }
+
+static OPS_FN void OPS_NAME(wsum_multi)(const float *rows, int cols, const float *p, size_t p_ld,
+                                        int nq, int n, float *acc, size_t acc_ld) {
+    const int W = OPS_WS_NV * 16;
+    for (int q0 = 0; q0 < nq; q0 += OPS_WS_Q) {
+        const int mq = nq - q0 < OPS_WS_Q ? nq - q0 : OPS_WS_Q;
+        const float *pq = p + (size_t)q0 * p_ld;
+        float *aq = acc + (size_t)q0 * acc_ld;
+        for (int c0 = 0; c0 < cols; c0 += W) {
+            if (cols - c0 >= W) {
+                WS_Q(OPS_WS_NV * 16)
+            } else {
+                WS_Q(cols - c0)
+            }
+        }
+    }
+}
+#undef WS_Q
 
 /* ---- elementwise maps: full vectors, then one masked tail ---- */
 
-#define OPS_MAP(n, i, c, ...)                                                                  \
-    for (int i = 0; i < (n); i += 16) {                                                       \
-        const int c = (n) - i < 16 ? (n) - i : 16;                                            \
-        __VA_ARGS__                                                                            \
+#define OPS_MAP(n, i, c, ...)                                                                      \
+    for (int i = 0; i < (n); i += 16) {                                                            \
+        const int c = (n)-i < 16 ? (n)-i : 16;                                                     \
+        __VA_ARGS__                                                                                \
     }
-#define OPS_LD(p, i, c)     ((c) == 16 ? vf_load((p) + (i)) : vf_loadn((p) + (i), (c)))
-#define OPS_ST(p, i, c, v)  ((c) == 16 ? vf_store((p) + (i), (v)) : vf_storen((p) + (i), (v), (c)))
+#define OPS_LD(p, i, c)    ((c) == 16 ? vf_load((p) + (i)) : vf_loadn((p) + (i), (c)))
+#define OPS_ST(p, i, c, v) ((c) == 16 ? vf_store((p) + (i), (v)) : vf_storen((p) + (i), (v), (c)))
 
 static OPS_FN void OPS_NAME(softmax)(float *x, int n) {
     if (n <= 0) return;
@@ -297,14 +405,12 @@ static OPS_FN void OPS_NAME(kda_alpha)(float *alpha, const float *z, const float
     })
 }
 
-static OPS_FN void OPS_NAME(scale_mul)(float *out, const float *x, float r, const float *w,
-                                       int n) {
+static OPS_FN void OPS_NAME(scale_mul)(float *out, const float *x, float r, const float *w, int n) {
     const vf vr = vf_set1(r);
     OPS_MAP(n, i, c, OPS_ST(out, i, c, vf_mul(vf_mul(OPS_LD(x, i, c), vr), OPS_LD(w, i, c)));)
 }
 
-static OPS_FN void OPS_NAME(mix)(float *out, const float *const *v, const float *pi, int n,
-                                 int D) {
+static OPS_FN void OPS_NAME(mix)(float *out, const float *const *v, const float *pi, int n, int D) {
     OPS_MAP(D, i, c, {
         vf acc = vf_zero();
         for (int e = 0; e < n; e++) acc = vf_add(acc, vf_mul(vf_set1(pi[e]), OPS_LD(v[e], i, c)));
@@ -357,7 +463,7 @@ const k3_ops_tab OPS_TABLE = {
     .kda_decay_read = OPS_NAME(kda_decay_read),
     .kda_write_read = OPS_NAME(kda_write_read),
     .rows_comb = OPS_NAME(rows_comb),
-    .wsum = OPS_NAME(wsum),
+    .wsum_multi = OPS_NAME(wsum_multi),
     .softmax = OPS_NAME(softmax),
     .situ = OPS_NAME(situ),
     .sigmoid_mul = OPS_NAME(sigmoid_mul),

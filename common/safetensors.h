@@ -55,20 +55,20 @@ const char *st_dtype_name(st_dtype dt);
 size_t st_dtype_size(st_dtype dt);
 
 typedef struct st_tensor {
-    const char *name;            /* owned by the index */
+    const char *name; /* owned by the index */
     st_dtype dtype;
-    int rank;                    /* 0..K3_ST_MAX_RANK */
+    int rank; /* 0..K3_ST_MAX_RANK */
     int64_t shape[K3_ST_MAX_RANK];
-    uint64_t offset;             /* ABSOLUTE byte offset in the shard file */
+    uint64_t offset; /* ABSOLUTE byte offset in the shard file */
     uint64_t nbytes;
-    int shard;                   /* index into the shard table */
+    int shard; /* index into the shard table */
 } st_tensor;
 
 typedef struct st_index st_index;
 
 typedef struct st_open_opts {
-    const char *model_dir;        /* primary directory: config, tokenizer, index */
-    const char *const *dirs;      /* extra shard directories, may be NULL */
+    const char *model_dir;   /* primary directory: config, tokenizer, index */
+    const char *const *dirs; /* extra shard directories, may be NULL */
     int n_dirs;
 } st_open_opts;
 
@@ -81,8 +81,7 @@ k3_status st_open_all(st_index *idx, char *err, size_t errlen);
 
 /* Looks a tensor up by its full name. Returns K3_ERR_MISSING (with a message
  * naming the tensor) when absent; other errors when its shard is malformed. */
-k3_status st_find(st_index *idx, const char *name, const st_tensor **out, char *err,
-                  size_t errlen);
+k3_status st_find(st_index *idx, const char *name, const st_tensor **out, char *err, size_t errlen);
 
 /* Like st_find but a missing tensor is not an error: *out = NULL. */
 k3_status st_find_opt(st_index *idx, const char *name, const st_tensor **out, char *err,
@@ -139,7 +138,6 @@ float st_f16_to_f32(uint16_t v);
  * buf holds the whole file (or at least 8 + N bytes), file_size its size.
  * Returns the tensor count via *n_tensors. */
 k3_status st_parse_header_mem(const uint8_t *buf, size_t buf_len, uint64_t file_size,
-                              const char *file_name, int *n_tensors, char *err,
-                              size_t errlen);
+                              const char *file_name, int *n_tensors, char *err, size_t errlen);
 
 #endif

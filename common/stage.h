@@ -32,11 +32,10 @@
 typedef struct k3_state k3_state;
 
 /* max_ctx: capacity in tokens (MLA cache rows), <= K3_MAX_CTX. */
-k3_status k3_state_open(k3_state **out, const k3_model *m, int max_ctx, char *err,
-                        size_t errlen);
+k3_status k3_state_open(k3_state **out, const k3_model *m, int max_ctx, char *err, size_t errlen);
 void k3_state_close(k3_state **s);
-void k3_state_reset(k3_state *s);      /* back to position 0, all zero */
-int k3_state_pos(const k3_state *s);   /* tokens consumed so far */
+void k3_state_reset(k3_state *s);    /* back to position 0, all zero */
+int k3_state_pos(const k3_state *s); /* tokens consumed so far */
 int k3_state_max_ctx(const k3_state *s);
 size_t k3_state_bytes(const k3_state *s);
 

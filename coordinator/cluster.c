@@ -325,6 +325,13 @@ static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
             "build '%s')",
             cl_stage_label(s, lab, sizeof lab), (unsigned long long)s->epoch, h->max_sessions,
             h->max_ctx, h->read_gbps, h->build);
+    /* Another ISA level is accepted (proto_check_compat does not compare
+     * it: every kernel gives the same bits at every level); a mixed
+     * cluster is said once per registration. */
+    if (h->num.isa != c->num.isa)
+        K3_WARN("cluster: %s runs ISA level %s, this coordinator %s (same bits at every level)",
+                cl_stage_label(s, lab, sizeof lab), k3_isa_name((k3_isa)h->num.isa),
+                k3_isa_name((k3_isa)c->num.isa));
     pthread_cond_broadcast(&c->cv);
 }
 

@@ -1068,12 +1068,11 @@ k3_status proto_check_reply(const proto_msg *req, const proto_msg *rep, char *er
     return K3_OK;
 }
 
-static const char *isa_name(uint32_t isa) {
-    return isa == 0 ? "scalar" : isa == 1 ? "avx2" : isa == 2 ? "avx512" : "unknown";
-}
-
 /* HELLO compatibility (PROTOCOL.md 9). The first difference is reported with
- * both values; build identities are deliberately not compared. */
+ * both values; build identities are deliberately not compared, and neither
+ * is the ISA level: every kernel and layer operator gives the same bits at
+ * every level (kernels.h, ops_isa.h), so a stage with another level is
+ * accepted and the coordinator only warns (coordinator/cluster.c). */
 k3_status proto_check_compat(uint64_t want_fp, const proto_numerics *want, uint64_t got_fp,
                              const proto_numerics *got, char *err, size_t errlen) {
     if (want_fp != got_fp)
@@ -1097,10 +1096,6 @@ k3_status proto_check_compat(uint64_t want_fp, const proto_numerics *want, uint6
         return k3_errf(K3_ERR_MISMATCH, err, errlen,
                        "numeric setting 'idot' mismatch: expected %d, got %d", want->idot,
                        got->idot);
-    if (want->isa != got->isa)
-        return k3_errf(K3_ERR_MISMATCH, err, errlen,
-                       "numeric setting 'isa' mismatch: expected %u (%s), got %u (%s)", want->isa,
-                       isa_name(want->isa), got->isa, isa_name(got->isa));
     if (want->exact != got->exact)
         return k3_errf(K3_ERR_MISMATCH, err, errlen,
                        "numeric setting 'exact' mismatch: expected %d, got %d", want->exact,

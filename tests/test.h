@@ -16,20 +16,20 @@
 
 static int t_pass, t_fail;
 
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (cond) {                                                            \
-            t_pass++;                                                          \
-            printf("ok - ");                                                   \
-            printf(__VA_ARGS__);                                               \
-            printf("\n");                                                      \
-        } else {                                                               \
-            t_fail++;                                                          \
-            printf("not ok - ");                                               \
-            printf(__VA_ARGS__);                                               \
-            printf(" (%s:%d)\n", __FILE__, __LINE__);                          \
-        }                                                                      \
-        fflush(stdout);                                                        \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            t_pass++;                                                                              \
+            printf("ok - ");                                                                       \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+        } else {                                                                                   \
+            t_fail++;                                                                              \
+            printf("not ok - ");                                                                   \
+            printf(__VA_ARGS__);                                                                   \
+            printf(" (%s:%d)\n", __FILE__, __LINE__);                                              \
+        }                                                                                          \
+        fflush(stdout);                                                                            \
     } while (0)
 
 /* Relative L2 distance ||a-b|| / max(||b||, tiny). */
@@ -49,10 +49,10 @@ static inline const char *t_tiny_dir(void) {
     return d && *d ? d : "build/fixtures/tiny";
 }
 
-#define TEST_MAIN_END()                                                        \
-    do {                                                                       \
-        printf("# %d passed, %d failed\n", t_pass, t_fail);                    \
-        return t_fail ? 1 : 0;                                                 \
+#define TEST_MAIN_END()                                                                            \
+    do {                                                                                           \
+        printf("# %d passed, %d failed\n", t_pass, t_fail);                                        \
+        return t_fail ? 1 : 0;                                                                     \
     } while (0)
 
 #endif

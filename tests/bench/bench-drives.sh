@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# tests/bench/bench-drives.sh: do drives add up? (`make bench-drives`)
+# Printed, not asserted. Needs root; skips with the reason otherwise.
+#
+# For N = 1, 2, 4 workers (NS), it makes N slow "drives" that behave like
+# real ones and gives each worker its own:
+#   - a file in /dev/shm behind a loop device with an ext4 file system,
+#     holding the shards of that worker's layers (copied with O_DIRECT from
+#     the checkpoint, so the data is in RAM once);
+#   - a cgroup v1 blkio group whose blkio.throttle.read_bps_device limits
+#     reads from that loop device to DRIVE_MBPS (default 200 MB/s); the
+#     worker runs inside it, so the kernel throttles its O_DIRECT expert
+#     reads.
+# The model directory the programs get holds only config, tokenizer, index
+# and the embedding/head shard (coordinator only); a worker finds its
+# shards on its drive (--dirs). Workers load unthrottled, then the throttle
+# is set, checked with dd in each group, and the page cache dropped.
+# tests/bench/bench_drives.c then runs, on the cluster of those workers:
+#   prefill of a PROMPT-token prompt (one session, chunk CHUNK cut into
+#   PIPE_CHUNK micro-chunks that pipeline through the stages), tokens/s;
+#   decode of DECODE tokens by that session, ms/token;
+#   N sessions decoding SESS_TOKENS tokens each at once, aggregate tokens/s;
+# each with per-drive read GB/s, per-stage busy time, CPU use and what
+# bounded it (drives, CPU, or the pipeline itself).
+# Expert cache: SLOTS (default 4) slots per MoE layer in every
+# configuration (each worker's --expert-gb covers its MoE layers), far
+# below a layer's 24 experts: experts stream from the drives.
+# Checkpoint: DRIVES_SLICE (default $CACHE/slice-l5e24: k3_gen slice with 5
+# layers = 1 dense + 4 MoE, 24 experts of real size; generated when
+# missing, ~9.6 GB on disk). Layers are split so each worker holds the same
+# number of MoE layers (the dense layer 0 goes with the first).
+# Everything made here (loop devices, mounts, cgroups, /dev/shm files,
+# worker processes) is removed on exit, failure or interrupt.
+set -euo pipefail
+BUILD=${BUILD:-build}
+CACHE=${CACHE:-$HOME/.cache/k3shard}
+PY=/usr/bin/python3
+cd "$(dirname "$0")/../.."
+
+NS=${NS:-1 2 4}
+DRIVE_MBPS=${DRIVE_MBPS:-200}   # per drive, MB/s (1e6 B/s)
+PROMPT=${PROMPT:-256}
+CHUNK=${CHUNK:-256}
+PIPE_CHUNK=${PIPE_CHUNK:-32}
+DECODE=${DECODE:-3}
+SESS_TOKENS=${SESS_TOKENS:-4}
+SLOTS=${SLOTS:-4}
+LOAD_TIMEOUT=${LOAD_TIMEOUT:-600} # s for the workers to load
+SLICE=${DRIVES_SLICE:-$CACHE/slice-l5e24}
+CG=/sys/fs/cgroup/blkio
+
+skip() { echo "bench-drives: skipped: $*"; exit 0; }
+[ "$(id -u)" = 0 ] ||
+    skip "needs root (loop devices, mount, the cgroup v1 blkio throttle, drop_caches)"
+[ -e "$CG/blkio.throttle.read_bps_device" ] ||
+    skip "no cgroup v1 blkio hierarchy with throttling at $CG"
+[ -c /dev/loop-control ] || skip "no /dev/loop-control (loop devices)"
+for t in losetup mkfs.ext4 mount umount lsblk dd; do
+    command -v "$t" >/dev/null || skip "$t is not installed"
+done
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/k3drives.XXXXXX")
+TAG=k3drives.$$
+PIDS=() MOUNTS=() LOOPS=() IMGS=() CGS=()
+
+stop_workers() {
+    local p
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do
+        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    PIDS=()
+}
+teardown() {  # everything this run made, in reverse order; never fails
+    local x
+    stop_workers
+    for x in "${MOUNTS[@]}"; do umount "$x" 2>/dev/null || umount -l "$x" 2>/dev/null || true; done
+    for x in "${LOOPS[@]}"; do losetup -d "$x" 2>/dev/null || true; done
+    for x in "${IMGS[@]}"; do rm -f "$x"; done
+    for x in "${CGS[@]}"; do rmdir "$x" 2>/dev/null || true; done
+    MOUNTS=() LOOPS=() IMGS=() CGS=()
+}
+cleanup() { teardown; rm -rf "$T"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# A loop device must be creatable here (containers often cannot).
+truncate -s 64M "/dev/shm/$TAG.probe.img"
+IMGS+=("/dev/shm/$TAG.probe.img")
+probe=$(losetup --find --show "/dev/shm/$TAG.probe.img" 2>&1) ||
+    skip "cannot attach a loop device: $probe"
+LOOPS+=("$probe")
+mkdir "$CG/$TAG.probe" 2>/dev/null || skip "cannot create a blkio cgroup under $CG"
+CGS+=("$CG/$TAG.probe")
+teardown
+
+# ---- the checkpoint -------------------------------------------------------
+if [ ! -f "$SLICE/config.json" ]; then
+    echo "bench-drives: generating the checkpoint in $SLICE (slice, 5 layers, 24 experts)"
+    $PY tests/fixtures/k3_gen.py --profile slice --layers 5 --experts 24 --out "$SLICE"
+fi
+# the model directory: everything but the decoder layers' shards
+mkdir -p "$T/model"
+for f in "$SLICE"/*; do
+    case $f in *.safetensors) ;; *) ln -s "$f" "$T/model/" ;; esac
+done
+# shellcheck disable=SC2016
+PLAN_PY='
+import json, os, re, struct, sys
+d, n_workers, slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+c = json.load(open(os.path.join(d, "config.json")))
+tc = c.get("text_config", c)
+L, k = tc["num_hidden_layers"], tc.get("first_k_dense_replace", 0)
+wm = json.load(open(os.path.join(d, "model.safetensors.index.json")))["weight_map"]
+layer_of = {}
+for key, f in wm.items():
+    m = re.search(r"(?:^|\.)model\.layers\.(\d+)\.", key)
+    if m and not key.startswith(("vision_tower", "mm_projector")):
+        layer_of.setdefault(f, set()).add(int(m.group(1)))
+moe = list(range(k, L))
+if n_workers > len(moe):
+    sys.exit("%d workers but only %d MoE layers" % (n_workers, len(moe)))
+# bytes of one expert (all its tensors) from the first MoE layer shard header
+pre = "model.layers.%d.block_sparse_moe.experts.0." % k
+ebytes = 0
+for f in sorted(set(wm.values())):
+    if k not in layer_of.get(f, ()):
+        continue
+    with open(os.path.join(d, f), "rb") as fh:
+        n = struct.unpack("<Q", fh.read(8))[0]
+        h = json.loads(fh.read(n))
+    for name, t in h.items():
+        if name != "__metadata__" and pre in name:
+            ebytes += t["data_offsets"][1] - t["data_offsets"][0]
+if ebytes == 0:
+    sys.exit("no expert 0 tensors found for layer %d" % k)
+slot = -(-(ebytes + 2 * 4096) // 4096) * 4096
+start = 0
+for i in range(n_workers):
+    lo, hi = len(moe) * i // n_workers, len(moe) * (i + 1) // n_workers
+    end = L if i == n_workers - 1 else moe[hi - 1] + 1
+    shards = sorted(f for f, ls in layer_of.items() if any(start <= l < end for l in ls))
+    gb = (hi - lo) * slots * slot * 1.02 / (1 << 30)   # just over SLOTS per MoE layer
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in shards)
+    print(i, start, end, hi - lo, "%.4f" % gb, size, *shards)
+    start = end
+'
+# the decoder-layer shards go to the drives; the rest stays in the model dir
+layer_shards=$($PY -c "
+import json, re
+wm = json.load(open('$SLICE/model.safetensors.index.json'))['weight_map']
+print(' '.join(sorted({f for k, f in wm.items() if re.search(r'(?:^|\.)model\.layers\.\d+\.', k)
+                       and not k.startswith(('vision_tower', 'mm_projector'))})))")
+for f in "$SLICE"/*.safetensors; do
+    case " $layer_shards " in *" $(basename "$f") "*) ;; *) ln -s "$f" "$T/model/" ;; esac
+done
+total=0
+for f in $layer_shards; do total=$((total + $(stat -c %s "$SLICE/$f"))); done
+shm_free=$(($(df -k --output=avail /dev/shm | tail -1) * 1024))
+mem_avail=$(($(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024))
+need=$((total + total / 20 + 1024 * 1024 * 1024))
+[ "$shm_free" -ge "$need" ] ||
+    skip "/dev/shm has $((shm_free >> 20)) MiB free, the drives need $((need >> 20)) MiB"
+[ "$mem_avail" -ge $((need + 3 * 1024 * 1024 * 1024)) ] ||
+    skip "MemAvailable $((mem_avail >> 20)) MiB < drives $((need >> 20)) MiB + 3 GiB for the workers"
+
+# ---- the coordinator-side driver ------------------------------------------
+vars() {
+    make --no-print-directory -s -f Makefile -f - BUILD="$BUILD" _k3_bench_vars <<'MK'
+_k3_bench_vars:
+	@echo '$(CC)'; echo '$(CFLAGS)'; echo '$(LDLIBS)'; echo '$(APP_OBJ)'
+MK
+}
+mapfile -t V < <(vars)
+# shellcheck disable=SC2086
+make --no-print-directory -s BUILD="$BUILD" all "$BUILD/libk3.a" ${V[3]}
+mkdir -p "$BUILD/bench"
+# shellcheck disable=SC2086
+${V[0]} ${V[1]} -o "$BUILD/bench/bench_drives" tests/bench/bench_drives.c ${V[3]} \
+    "$BUILD/libk3.a" ${V[2]}
+
+echo "bench-drives: $SLICE ($((total / 1000000)) MB of layer shards), $(nproc) cores,"\
+     "drives of $DRIVE_MBPS MB/s (loop + ext4 in /dev/shm, blkio throttle), $SLOTS expert"\
+     "slots per MoE layer, prompt $PROMPT, chunk $CHUNK / pipe-chunk $PIPE_CHUNK"
+t_all=$(date +%s)
+
+# ---- one configuration ------------------------------------------------------
+run_n() {
+    local N=$1 i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
+    plan=$($PY -c "$PLAN_PY" "$SLICE" "$N" "$SLOTS") || return 1
+    echo
+    echo "=== $N worker(s) ==="
+    local t_setup; t_setup=$(date +%s)
+    while read -r i a b nmoe gb size shards; do
+        IMGS+=("/dev/shm/$TAG.$i.img")
+        truncate -s $(((size + size / 20) / 1048576 * 1048576 + 256 * 1048576)) "/dev/shm/$TAG.$i.img"
+        loop=$(losetup --find --show "/dev/shm/$TAG.$i.img")
+        LOOPS+=("$loop")
+        mkfs.ext4 -q -F -m 0 "$loop"
+        mkdir -p "$T/drive$i"
+        mount -o noatime "$loop" "$T/drive$i"
+        MOUNTS+=("$T/drive$i")
+        for f in $shards; do  # O_DIRECT both ways: the shard is in RAM once
+            dd if="$SLICE/$f" of="$T/drive$i/$f" bs=16M iflag=direct oflag=direct status=none
+        done
+        cg=$CG/$TAG.$i
+        mkdir "$cg"
+        CGS+=("$cg")
+        # the worker starts inside its drive's cgroup (the shell execs into it)
+        sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
+            "$BUILD/k3-worker" --model "$T/model" --dirs "$T/drive$i" --layers "$a-$b" \
+            --listen "ipc://$T/w$i.sock" --expert-gb "$gb" --usage off --no-bench \
+            --name "drive$i" >"$T/w$i.log" 2>&1 &
+        PIDS+=($!)
+        dev=$(basename "$loop")
+        echo "  worker $i: layers [$a, $b) ($nmoe MoE), $shards on $dev ($((size / 1000000)) MB)," \
+             "expert budget $gb GiB, pid ${PIDS[-1]}"
+        eps+="${eps:+,}ipc://$T/w$i.sock" devs+="${devs:+,}$dev" pids+="${pids:+,}${PIDS[-1]}"
+    done <<<"$plan"
+    echo "  drives made and filled in $(($(date +%s) - t_setup)) s"
+    local t0; t0=$(date +%s)
+    for i in $(seq 0 $((N - 1))); do  # a worker binds once it has loaded
+        until [ -S "$T/w$i.sock" ]; do
+            if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+                echo "bench-drives: worker $i exited while loading:"; tail -5 "$T/w$i.log"; return 1
+            fi
+            if [ $(($(date +%s) - t0)) -gt "$LOAD_TIMEOUT" ]; then
+                echo "bench-drives: worker $i not listening after $LOAD_TIMEOUT s"; return 1
+            fi
+            sleep 0.5
+        done
+    done
+    echo "  workers loaded in $(($(date +%s) - t0)) s (unthrottled); throttle on:"
+    for i in $(seq 0 $((N - 1))); do
+        loop=${LOOPS[$i]}
+        majmin=$(lsblk -dno MAJ:MIN "$loop" | tr -d ' ')
+        cg=${CGS[$i]}
+        echo "$majmin $((DRIVE_MBPS * 1000000))" >"$cg/blkio.throttle.read_bps_device"
+        # shellcheck disable=SC2012
+        big=$(ls -S "$T/drive$i"/*.safetensors | head -1)
+        # the check: ~1.5 s of O_DIRECT reads from inside the group (the
+        # throttle lets a short burst through: a shorter read overstates it)
+        rate=$(sh -c 'echo $$ > "$1/cgroup.procs" && exec dd if="$2" of=/dev/null bs=16M count="$3" iflag=direct' \
+                  sh "$cg" "$big" $((DRIVE_MBPS * 3 / 32 + 1)) 2>&1 | tail -1 | sed 's/.*, //')
+        echo "    drive $i ($(basename "$loop"), $majmin): limit $DRIVE_MBPS MB/s, dd O_DIRECT in its group: $rate"
+    done
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    "$BUILD/bench/bench_drives" --model "$T/model" --workers "$eps" --drives "$devs" \
+        --pids "$pids" --drive-mbps "$DRIVE_MBPS" --prompt "$PROMPT" --chunk "$CHUNK" \
+        --pipe-chunk "$PIPE_CHUNK" --decode "$DECODE" --sess-prompt 1 --sess-tokens "$SESS_TOKENS" \
+        2>"$T/coord$N.log" | tee "$T/out$N" | sed 's/^/  /' ||
+        { echo "bench-drives: the driver failed:"; tail -5 "$T/coord$N.log"; return 1; }
+    grep -q '^result decodeN' "$T/out$N" ||
+        { echo "bench-drives: the driver failed:"; tail -5 "$T/coord$N.log";
+          for i in $(seq 0 $((N - 1))); do tail -3 "$T/w$i.log"; done; return 1; }
+    teardown
+}
+
+for n in $NS; do run_n "$n" || exit 1; done
+
+# ---- summary ------------------------------------------------------------------
+field() {  # N phase key
+    awk -v p="$2" -v k="$3" '$1 == "result" && $2 == p {
+        for (i = 3; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$T/out$1"
+}
+echo
+echo "bench-drives: summary ($DRIVE_MBPS MB/s per drive, $(nproc) cores; x1 = ratio to 1 worker,"\
+     "target >= 0.85 x N for prefill and N sessions)"
+printf '  %-8s %-34s %-26s %-34s\n' workers "prefill tok/s (x1) bound" \
+       "1-session decode ms/token" "N-session decode tok/s (x1) bound"
+base_p="" base_d=""
+for n in $NS; do
+    p=$(field "$n" prefill value) d1=$(field "$n" decode1 value) dn=$(field "$n" decodeN value)
+    [ -n "$base_p" ] || { base_p=$p; base_d=$dn; }
+    printf '  %-8s %-34s %-26s %-34s\n' "$n" \
+        "$(awk -v a="$p" -v b="$base_p" -v n="$n" 'BEGIN{printf "%.2f (x%.2f = %.2f N)", a, a/b, a/b/n}') $(field "$n" prefill bound)" \
+        "$(printf '%.0f' "$d1") $(field "$n" decode1 bound)" \
+        "$(awk -v a="$dn" -v b="$base_d" -v n="$n" 'BEGIN{printf "%.3f (x%.2f = %.2f N)", a, a/b, a/b/n}') $(field "$n" decodeN bound)"
+done
+echo "  per-drive read GB/s (prefill | 1-session decode | N-session decode):"
+for n in $NS; do
+    echo "    $n: $(field "$n" prefill drive_gbps) | $(field "$n" decode1 drive_gbps) | $(field "$n" decodeN drive_gbps)"
+done
+echo "bench-drives: done in $(($(date +%s) - t_all)) s"
