@@ -7,7 +7,8 @@
  * all T tokens: the per-head sums never depend on the thread count. The
  * per-head loops (SiLU, L2 norms, decay, the two fused state sweeps, the
  * RMSNorm, the gate) are ISA-dispatched (ops_isa.h) with the same bits at
- * every level; the short conv stays scalar (4 taps per channel).
+ * every level; so is the short conv when it has 4 taps (K3), other sizes
+ * run the same operations in scalar code.
  */
 #include <math.h>
 #include <string.h>
@@ -27,6 +28,11 @@ size_t k3_kda_scratch_bytes(const k3_config *c, int T) {
  * and is dotted with the taps in tap order (spec 3.4); then SiLU over the
  * d outputs at once (vector backends). */
 static void conv_silu(const k3_ops_tab *o, float *u, float *win, const float *taps, int d, int K) {
+    if (K == 4) { /* K3's kernel size: vector backends */
+        o->conv4(u, win, taps, d);
+        o->silu(u, d);
+        return;
+    }
     for (int c = 0; c < d; c++) {
         float *wc = win + (size_t)c * K;
         const float *tc = taps + (size_t)c * K;

@@ -83,6 +83,17 @@ static void sc_kda_write_read(float *S, int d, const float *k, const float *delt
     }
 }
 
+static void sc_conv4(float *u, float *win, const float *taps, int d) {
+    for (int c = 0; c < d; c++) {
+        float *w = win + (size_t)c * 4;
+        const float *t = taps + (size_t)c * 4;
+        w[0] = w[1], w[1] = w[2], w[2] = w[3], w[3] = u[c];
+        float acc = 0.0f;
+        for (int j = 0; j < 4; j++) acc += t[j] * w[j];
+        u[c] = acc;
+    }
+}
+
 /* W[r][c] as a float and its scale in the load format (1 for f32) */
 static inline float qmat_at(const k3_qmat *m, int r, int c, float *scale) {
     const size_t cols = (size_t)m->cols;
@@ -219,6 +230,7 @@ const k3_ops_tab k3_ops_scalar = {
     .isa = K3_ISA_SCALAR,
     .kda_decay_read = sc_kda_decay_read,
     .kda_write_read = sc_kda_write_read,
+    .conv4 = sc_conv4,
     .rows_comb = sc_rows_comb,
     .wsum_multi = sc_wsum_multi,
     .softmax = sc_softmax,

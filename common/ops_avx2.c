@@ -143,6 +143,28 @@ OPS_INL void vf_store_ilv(float *out, vf ev, vf od) {
     ilv8(out + 16, ev.hi, od.hi);
 }
 
+/* within each 128-bit lane (a group of 4): lane i takes lane (i + r) % 4 */
+OPS_INL vf vf_rot4_1(vf v) {
+    return (vf){_mm256_permute_ps(v.lo, _MM_SHUFFLE(0, 3, 2, 1)),
+                _mm256_permute_ps(v.hi, _MM_SHUFFLE(0, 3, 2, 1))};
+}
+OPS_INL vf vf_rot4_2(vf v) {
+    return (vf){_mm256_permute_ps(v.lo, _MM_SHUFFLE(1, 0, 3, 2)),
+                _mm256_permute_ps(v.hi, _MM_SHUFFLE(1, 0, 3, 2))};
+}
+OPS_INL vf vf_rot4_3(vf v) {
+    return (vf){_mm256_permute_ps(v.lo, _MM_SHUFFLE(2, 1, 0, 3)),
+                _mm256_permute_ps(v.hi, _MM_SHUFFLE(2, 1, 0, 3))};
+}
+/* per group k: [v1 v2 v3 u4[k]] */
+OPS_INL vf vf_shift4_insert(vf v, const float *u4) {
+    const __m256 u = _mm256_castps128_ps256(_mm_loadu_ps(u4));
+    const __m256 ulo = _mm256_permutevar8x32_ps(u, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    const __m256 uhi = _mm256_permutevar8x32_ps(u, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+    const vf r = vf_rot4_1(v);
+    return (vf){_mm256_blend_ps(r.lo, ulo, 0x88), _mm256_blend_ps(r.hi, uhi, 0x88)};
+}
+
 OPS_INL vd vd_zero(void) { return (vd){_mm256_setzero_pd(), _mm256_setzero_pd()}; }
 OPS_INL vd vd_from_f8(const float *p) {
     return (vd){_mm256_cvtps_pd(_mm_loadu_ps(p)), _mm256_cvtps_pd(_mm_loadu_ps(p + 4))};

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ops_isa.h"
 
@@ -102,6 +103,17 @@ OPS_INL void vf_store_ilv(float *out, vf ev, vf od) {
         _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     _mm512_storeu_ps(out, _mm512_permutex2var_ps(ev, lo, od));
     _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(ev, hi, od));
+}
+
+/* within each 128-bit lane (a group of 4): lane i takes lane (i + r) % 4 */
+OPS_INL vf vf_rot4_1(vf v) { return _mm512_permute_ps(v, _MM_SHUFFLE(0, 3, 2, 1)); }
+OPS_INL vf vf_rot4_2(vf v) { return _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)); }
+OPS_INL vf vf_rot4_3(vf v) { return _mm512_permute_ps(v, _MM_SHUFFLE(2, 1, 0, 3)); }
+/* per group k: [v1 v2 v3 u4[k]] */
+OPS_INL vf vf_shift4_insert(vf v, const float *u4) {
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512 u = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(u4)));
+    return _mm512_mask_blend_ps((__mmask16)0x8888, vf_rot4_1(v), u);
 }
 
 OPS_INL vd vd_zero(void) { return _mm512_setzero_pd(); }

@@ -1,7 +1,7 @@
 /* common/ops_isa.h: the private seam between the layer operators (ops.c,
  * kda.c, mla.c, attnres.c) and their per-ISA backends (ops.c scalar,
  * ops_avx2.c, ops_avx512.c, both built from the template ops_vec.h). Not for
- * use outside those files.
+ * use outside those files (and tests/test_ops.c).
  *
  * Owns the k3_ops_tab table type and the one summation order every backend
  * reproduces bit for bit, so that the layers give the same bits at every
@@ -40,6 +40,11 @@ typedef struct k3_ops_tab {
     void (*kda_decay_read)(float *S, int d, const float *alpha, const float *k, float *u);
     void (*kda_write_read)(float *S, int d, const float *k, const float *delta, const float *q,
                            float *o);
+    /* KDA short conv with 4 taps over d channels (spec 3.4), in place: per
+     * channel the window win[c][0..3] (oldest first) shifts left and takes
+     * u[c] last, then u[c] = ((0 + t0 w0) + t1 w1) + t2 w2) + t3 w3 (products
+     * rounded, then the adds in tap order); taps [d][4]. */
+    void (*conv4)(float *u, float *win, const float *taps, int d);
     /* acc[t][c] = sum_{i < nrows} fmaf(coef[t][i] * s(i, c), W[row0 + i][c], .)
      * in row order from 0, in W's load format (s: 1 for f32, the int8 row
      * scale, the int4 group scale); coef[t] = coef + t * coef_ld, acc[t] =

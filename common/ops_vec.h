@@ -18,8 +18,10 @@
  *   vf_neg vf_copysign vf_pow2i vf_isnan vf_blend(m, t, f) vf_hsum (the
  *   lane tree), vf_lanes (store 16 lanes), vf_dec_i8 vf_dec_i8n vf_dec_nib
  *   (16 packed bytes -> nibble - 8 of columns 2k, 2k+1), vf_store_ilv
- *   (out[2k] = ev[k], out[2k+1] = od[k]), vd_zero vd_from_f8 vd_add vd_mul
- *   vd_hsum.
+ *   (out[2k] = ev[k], out[2k+1] = od[k]), vf_rot4_1/2/3 (rotate each group
+ *   of 4 lanes: lane 4k+i takes 4k+(i+r)%4), vf_shift4_insert(v, u4) (lane
+ *   4k+i takes 4k+i+1, lane 4k+3 takes u4[k]), vd_zero vd_from_f8 vd_add
+ *   vd_mul vd_hsum.
  * A partial vector (n < 16 elements) is loaded with zeros in the other lanes
  * and stored under a mask: lanes never mix in elementwise code, so a partial
  * vector gives the scalar bits; reductions add their tails in element order
@@ -167,6 +169,39 @@ static OPS_FN void OPS_NAME(kda_write_read)(float *S, int d, const float *k, con
             kda_wr_block(S, d, j0, OPS_NB * 16, k, delta, q, o);
         else
             kda_wr_block(S, d, j0, d - j0, k, delta, q, o);
+    }
+}
+
+/* 4-tap conv, 16 channels per step as 4 vectors of 4 channels x 4 taps
+ * (the [d][4] layout as it is in memory): shift each group left and insert
+ * u, multiply by the taps, then the per-group sum in tap order by rotating
+ * the group (lane 4k ends with ((0 + p0) + p1) + p2) + p3). */
+static OPS_FN void OPS_NAME(conv4)(float *u, float *win, const float *taps, int d) {
+    const int dl = d / 16 * 16;
+    for (int c = 0; c < dl; c += 16) {
+        float s[16], l[16];
+        OPS_UNROLL
+        for (int g = 0; g < 4; g++) {
+            float *w = win + (size_t)(c + 4 * g) * 4;
+            const vf nw = vf_shift4_insert(vf_load(w), u + c + 4 * g);
+            vf_store(w, nw);
+            const vf p = vf_mul(vf_load(taps + (size_t)(c + 4 * g) * 4), nw);
+            vf a = vf_add(vf_zero(), p);
+            a = vf_add(a, vf_rot4_1(p));
+            a = vf_add(a, vf_rot4_2(p));
+            a = vf_add(a, vf_rot4_3(p));
+            vf_lanes(l, a);
+            s[4 * g] = l[0], s[4 * g + 1] = l[4], s[4 * g + 2] = l[8], s[4 * g + 3] = l[12];
+        }
+        memcpy(u + c, s, sizeof s);
+    }
+    for (int c = dl; c < d; c++) { /* the scalar operations */
+        float *w = win + (size_t)c * 4;
+        const float *t = taps + (size_t)c * 4;
+        w[0] = w[1], w[1] = w[2], w[2] = w[3], w[3] = u[c];
+        float acc = 0.0f;
+        for (int j = 0; j < 4; j++) acc += t[j] * w[j];
+        u[c] = acc;
     }
 }
 
@@ -462,6 +497,7 @@ const k3_ops_tab OPS_TABLE = {
     .isa = OPS_LEVEL,
     .kda_decay_read = OPS_NAME(kda_decay_read),
     .kda_write_read = OPS_NAME(kda_write_read),
+    .conv4 = OPS_NAME(conv4),
     .rows_comb = OPS_NAME(rows_comb),
     .wsum_multi = OPS_NAME(wsum_multi),
     .softmax = OPS_NAME(softmax),

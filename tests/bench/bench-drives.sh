@@ -267,18 +267,24 @@ field() {  # N phase key
         for (i = 3; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$T/out$1"
 }
 echo
-echo "bench-drives: summary ($DRIVE_MBPS MB/s per drive, $(nproc) cores; x1 = ratio to 1 worker,"\
-     "target >= 0.85 x N for prefill and N sessions)"
-printf '  %-8s %-34s %-26s %-34s\n' workers "prefill tok/s (x1) bound" \
-       "1-session decode ms/token" "N-session decode tok/s (x1) bound"
+echo "bench-drives: summary ($DRIVE_MBPS MB/s per drive, $(nproc) cores; x1 = figure / 1-worker figure,"\
+     "/N = x1 / workers, target >= 0.85 for prefill and N-session decode)"
+printf '  %-7s | %13s %5s %5s  %-16s | %11s  %-16s | %15s %5s %5s  %-16s\n' workers \
+       "prefill tok/s" x1 /N bound "1-sess ms/t" bound "N-sess tok/s" x1 /N bound
 base_p="" base_d=""
 for n in $NS; do
     p=$(field "$n" prefill value) d1=$(field "$n" decode1 value) dn=$(field "$n" decodeN value)
     [ -n "$base_p" ] || { base_p=$p; base_d=$dn; }
-    printf '  %-8s %-34s %-26s %-34s\n' "$n" \
-        "$(awk -v a="$p" -v b="$base_p" -v n="$n" 'BEGIN{printf "%.2f (x%.2f = %.2f N)", a, a/b, a/b/n}') $(field "$n" prefill bound)" \
-        "$(printf '%.0f' "$d1") $(field "$n" decode1 bound)" \
-        "$(awk -v a="$dn" -v b="$base_d" -v n="$n" 'BEGIN{printf "%.3f (x%.2f = %.2f N)", a, a/b, a/b/n}') $(field "$n" decodeN bound)"
+    awk -v n="$n" -v p="$p" -v bp="$base_p" -v d1="$d1" -v dn="$dn" -v bd="$base_d" \
+        -v pb="$(field "$n" prefill bound)" -v db="$(field "$n" decode1 bound)" \
+        -v nb="$(field "$n" decodeN bound)" 'BEGIN {
+        printf "  %-7s | %13.2f %5.2f %5.2f  %-16s | %11.0f  %-16s | %15.3f %5.2f %5.2f  %-16s\n",
+            n, p, p / bp, p / bp / n, pb, d1, db, dn, dn / bd, dn / bd / n, nb }'
+done
+echo "  prefill wall time vs its drive floor (the busiest drive's bytes at the throttle: the time"\
+     "the reads alone need, the figure if compute were free):"
+for n in $NS; do
+    echo "    $n: wall $(field "$n" prefill wall_s) s, drive floor $(field "$n" prefill floor_s) s"
 done
 echo "  per-drive read GB/s (prefill | 1-session decode | N-session decode):"
 for n in $NS; do

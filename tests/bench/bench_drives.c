@@ -152,13 +152,17 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
     }
     printf("\n");
     char gbps_list[512] = "";
-    double max_util = 0;
+    double max_util = 0, sum_util = 0, occ_sum = 0, read_sum = 0, occ_max = 0;
+    double floor_s = 0; /* the busiest drive's bytes at its throttle: the time reads alone need */
     size_t used = 0;
     for (int i = 0; i < g_o.n_drives; i++) {
         double bytes = (double)(b->drive_bytes[i] - a->drive_bytes[i]);
         double gbps = bytes / 1e9 / wall_s;
         double util = g_o.drive_mbps > 0 ? gbps * 1000.0 / g_o.drive_mbps : 0;
         if (util > max_util) max_util = util;
+        sum_util += util;
+        if (g_o.drive_mbps > 0 && bytes / (g_o.drive_mbps * 1e6) > floor_s)
+            floor_s = bytes / (g_o.drive_mbps * 1e6);
         printf("  drive %d (%s): %.3f GB read, %.3f GB/s", i, g_o.drives[i], bytes / 1e9, gbps);
         if (g_o.drive_mbps > 0) printf(" = %.0f %% of its %.0f MB/s throttle", util * 100, g_o.drive_mbps);
         printf("\n");
@@ -171,6 +175,10 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
         const k3_stage_info *x = &a->st[i], *y = &b->st[i];
         double wcpu = i < g_o.n_pids ? b->worker_cpu_s[i] - a->worker_cpu_s[i] : 0;
         cpu_s += wcpu;
+        double occ = y->occupied_ms - x->occupied_ms;
+        occ_sum += occ;
+        read_sum += y->read_ms - x->read_ms;
+        if (occ > occ_max) occ_max = occ;
         printf("  stage %d layers [%d, %d): %llu steps, compute %.2f s, expert-read wait %.2f s, "
                "occupied %.2f s (%.0f %% of wall), %.3f GB experts read, %llu hit / %llu miss",
                i, y->layer_a, y->layer_b, (unsigned long long)(y->forwards - x->forwards),
@@ -186,25 +194,39 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
     double cpu_pct = 100.0 * cpu_s / (wall_s * (double)ncpu);
     uint64_t hb = b->host_busy - a->host_busy, ht = b->host_total - a->host_total;
     double host_pct = ht ? 100.0 * (double)hb / (double)ht : 0;
-    /* What bounds the figure: the drives when one of them ran near its
-     * throttle, else the CPUs when the machine was near full (ours or
-     * another job's), else the chain of stages waiting on each other. */
-    const char *bound;
-    if (max_util >= 0.80)
-        bound = "drives";
+    /* What bounds the figure, from the stages' own time: the drives when
+     * the stages spent most of their busy time waiting on expert reads;
+     * else the CPUs (ours, or ours stretched by another job's); in between
+     * both. "+idle" when even the busiest stage sat idle over 30 % of the
+     * wall time: a single stream visits the stages in turn, or the
+     * pipeline was filling and draining. */
+    double io_share = occ_sum > 0 ? read_sum / occ_sum : 0;
+    const char *what;
+    if (io_share >= 0.60)
+        what = "drives";
     else if (cpu_pct >= 80.0)
-        bound = "cpu";
+        what = "cpu";
     else if (host_pct >= 85.0)
-        bound = "cpu(shared)";
+        what = "cpu(shared)";
+    else if (io_share >= 0.40)
+        what = "drives+cpu";
     else
-        bound = "pipeline";
+        what = "cpu";
+    char bound[64];
+    snprintf(bound, sizeof bound, "%s%s", what, occ_max < 0.70 * wall_s * 1000.0 ? "+idle" : "");
     printf("  cpu: %.1f s (workers + coordinator) = %.0f %% of %ld cores; whole machine %.0f %% "
-           "busy; busiest drive at %.0f %% of its throttle -> bound by %s\n",
-           cpu_s, cpu_pct, ncpu, host_pct, max_util * 100, bound);
+           "busy; busiest drive at %.0f %% of its throttle (sum %.0f %%); stages waited on reads "
+           "%.0f %% of their busy time; busiest stage busy %.0f %% of wall -> bound by %s\n",
+           cpu_s, cpu_pct, ncpu, host_pct, max_util * 100, sum_util * 100, io_share * 100,
+           occ_max / 10.0 / wall_s, bound);
+    if (floor_s > 0)
+        printf("  drive floor: %.2f s (the busiest drive's bytes at %.0f MB/s) = %.0f %% of wall\n",
+               floor_s, g_o.drive_mbps, floor_s * 100 / wall_s);
     printf("result %s value=%.4f unit=%s wall_s=%.3f drive_gbps=%s cpu_pct=%.1f host_pct=%.1f "
-           "drive_util_pct=%.0f bound=%s\n",
+           "drive_util_pct=%.0f io_share_pct=%.0f floor_s=%.3f bound=%s\n",
            phase, value, per_token_ms ? "ms/token" : "tok/s", wall_s,
-           gbps_list[0] ? gbps_list : "-", cpu_pct, host_pct, max_util * 100, bound);
+           gbps_list[0] ? gbps_list : "-", cpu_pct, host_pct, max_util * 100, io_share * 100,
+           floor_s, bound);
     fflush(stdout);
 }
 

@@ -10,8 +10,11 @@
  * norms, gates; MLA q_abs, scores, softmax, latent sum, V rows).
  *
  * Each number is the fastest of several calls (the machine may be shared).
- * Usage: bench_layers [--threads N] [--quick] [--only kda|mla]. K3_ISA
- * picks the level.
+ * --hidden 64 shrinks the model width (D), and with it every projection
+ * but MLA's q_b, so "total" is then nearly all per-head work: the stable
+ * way to time the core on a noisy machine.
+ * Usage: bench_layers [--threads N] [--quick] [--only kda|mla] [--hidden D].
+ * K3_ISA picks the level.
  */
 #include <math.h>
 #include <stdint.h>
@@ -98,11 +101,14 @@ static k3_config k3_cfg(void) {
 int main(int argc, char **argv) {
     int threads = 1, quick = 0;
     const char *only = "";
+    int hidden = 7168;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
             threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!strcmp(argv[i], "--hidden") && i + 1 < argc)
+            hidden = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
     }
@@ -112,15 +118,20 @@ int main(int argc, char **argv) {
         fprintf(stderr, "pool: %s\n", err);
         return 1;
     }
-    const k3_config c = k3_cfg();
+    if (hidden < 64 || hidden % 64) {
+        fprintf(stderr, "--hidden %d: must be a positive multiple of 64\n", hidden);
+        return 1;
+    }
+    k3_config c = k3_cfg();
+    c.hidden = hidden;
     const int D = c.hidden, P = c.kda_proj, H = c.kda_heads, d = c.kda_hd, Tp = 32;
     const int reps_d = quick ? 5 : 20, reps_p = quick ? 2 : 5;
     k3_layer_ctx lc = {&c, pool, NULL, 0, 0};
     float *x = fvec((size_t)Tp * D, 1.0f), *out = fvec((size_t)Tp * D, 1.0f);
     float *tmp = fvec((size_t)Tp * 24576, 1.0f), *tmp2 = fvec((size_t)Tp * 24576, 1.0f);
-    printf(
-        "# bench_layers: isa %s, %d thread(s), real K3 dims (KDA 96x128 int4, MLA 96 heads int8)\n",
-        k3_isa_name(k3_isa_active()), threads);
+    printf("# bench_layers: isa %s, %d thread(s), K3 heads (KDA 96x128 int4, MLA 96 heads "
+           "int8), D = %d\n",
+           k3_isa_name(k3_isa_active()), threads, hidden);
     printf("%-24s %10s %10s %10s\n", "layer / shape", "total ms", "proj ms", "core ms");
 
     /* ---- KDA ---- */
