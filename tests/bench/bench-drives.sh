@@ -19,7 +19,8 @@
 #   prefill of a PROMPT-token prompt (one session, chunk CHUNK cut into
 #   PIPE_CHUNK micro-chunks that pipeline through the stages), tokens/s;
 #   decode of DECODE tokens by that session, ms/token;
-#   N sessions decoding SESS_TOKENS tokens each at once, aggregate tokens/s;
+#   N sessions decoding SESS_TOKENS tokens each at once, aggregate tokens/s
+#   (steady rate: (tokens - 1) / (last - first step completion));
 # each with per-drive read GB/s, per-stage busy time, CPU use and what
 # bounded it (drives, CPU, or the pipeline itself).
 # Expert cache: SLOTS (default 4) slots per MoE layer in every
@@ -27,7 +28,7 @@
 # below a layer's 24 experts: experts stream from the drives.
 # Checkpoint: DRIVES_SLICE (default $CACHE/slice-l5e24: k3_gen slice with 5
 # layers = 1 dense + 4 MoE, 24 experts of real size; generated when
-# missing, ~9.6 GB on disk). Layers are split so each worker holds the same
+# missing, 9.1 GB on disk). Layers are split so each worker holds the same
 # number of MoE layers (the dense layer 0 goes with the first).
 # Everything made here (loop devices, mounts, cgroups, /dev/shm files,
 # worker processes) is removed on exit, failure or interrupt.
@@ -61,10 +62,11 @@ done
 
 T=$(mktemp -d "${TMPDIR:-/tmp}/k3drives.XXXXXX")
 TAG=k3drives.$$
-PIDS=() MOUNTS=() LOOPS=() IMGS=() CGS=()
+PIDS=() MOUNTS=() LOOPS=() IMGS=() CGS=() DRIVER=""
 
 stop_workers() {
     local p
+    if [ -n "$DRIVER" ]; then kill -TERM "$DRIVER" 2>/dev/null || true; wait "$DRIVER" 2>/dev/null || true; DRIVER=""; fi
     for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do
         for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
@@ -248,11 +250,20 @@ run_n() {
     done
     sync
     echo 3 >/proc/sys/vm/drop_caches
+    # the driver runs in the background so that a signal interrupts `wait`
+    # at once (the trap then stops it); a tail streams its output meanwhile
+    : >"$T/out$N"
     "$BUILD/bench/bench_drives" --model "$T/model" --workers "$eps" --drives "$devs" \
         --pids "$pids" --drive-mbps "$DRIVE_MBPS" --prompt "$PROMPT" --chunk "$CHUNK" \
         --pipe-chunk "$PIPE_CHUNK" --decode "$DECODE" --sess-prompt 1 --sess-tokens "$SESS_TOKENS" \
-        2>"$T/coord$N.log" | tee "$T/out$N" | sed 's/^/  /' ||
-        { echo "bench-drives: the driver failed:"; tail -5 "$T/coord$N.log"; return 1; }
+        >"$T/out$N" 2>"$T/coord$N.log" &
+    DRIVER=$!
+    tail --pid="$DRIVER" -n +1 -f "$T/out$N" 2>/dev/null | sed -u 's/^/  /' &
+    local tailer=$! rc=0
+    wait "$DRIVER" || rc=$?
+    DRIVER=""
+    wait "$tailer" 2>/dev/null || true
+    [ "$rc" = 0 ] || { echo "bench-drives: the driver failed (exit $rc):"; tail -5 "$T/coord$N.log"; return 1; }
     grep -q '^result decodeN' "$T/out$N" ||
         { echo "bench-drives: the driver failed:"; tail -5 "$T/coord$N.log";
           for i in $(seq 0 $((N - 1))); do tail -3 "$T/w$i.log"; done; return 1; }

@@ -115,8 +115,8 @@ static void host_cpu(uint64_t *busy, uint64_t *total) {
     FILE *f = fopen("/proc/stat", "r");
     if (!f) return;
     unsigned long long v[8] = {0};
-    if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
-               &v[4], &v[5], &v[6], &v[7]) == 8) {
+    if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+               &v[5], &v[6], &v[7]) == 8) {
         for (int i = 0; i < 8; i++) *total += v[i];
         *busy = *total - v[3] - v[4]; /* minus idle and iowait */
     }
@@ -164,7 +164,8 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
         if (g_o.drive_mbps > 0 && bytes / (g_o.drive_mbps * 1e6) > floor_s)
             floor_s = bytes / (g_o.drive_mbps * 1e6);
         printf("  drive %d (%s): %.3f GB read, %.3f GB/s", i, g_o.drives[i], bytes / 1e9, gbps);
-        if (g_o.drive_mbps > 0) printf(" = %.0f %% of its %.0f MB/s throttle", util * 100, g_o.drive_mbps);
+        if (g_o.drive_mbps > 0)
+            printf(" = %.0f %% of its %.0f MB/s throttle", util * 100, g_o.drive_mbps);
         printf("\n");
         used += (size_t)snprintf(gbps_list + used, sizeof gbps_list - used, "%s%.3f", i ? "," : "",
                                  gbps);
@@ -324,7 +325,8 @@ static void parse(int argc, char **argv, bench_opts *o) {
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (i + 1 >= argc) {
-            fprintf(stderr, "bench_drives: %s needs a value (see the header of bench_drives.c)\n", f);
+            fprintf(stderr, "bench_drives: %s needs a value (see the header of bench_drives.c)\n",
+                    f);
             exit(2);
         }
         char *v = argv[++i];
@@ -485,7 +487,8 @@ int main(int argc, char **argv) {
         take(&b);
         pthread_barrier_destroy(&bar);
         for (int k = 0; k < S && !st; k++)
-            if (jobs[k].st) st = k3_errf(jobs[k].st, err, sizeof err, "session %d: %s", k, jobs[k].err);
+            if (jobs[k].st)
+                st = k3_errf(jobs[k].st, err, sizeof err, "session %d: %s", k, jobs[k].err);
         free(jobs);
         free(th);
         double steady = 0;
