@@ -9,32 +9,13 @@
 #include <string.h>
 
 #include "limits.h"
-
-/* ---- a growable byte string --------------------------------------------- */
-
-typedef struct cbuf {
-    char *p;
-    size_t n, cap;
-} cbuf;
-
-static void cb_add(cbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->n + n + 1) c *= 2;
-        b->p = k3_xrealloc(b->p, c);
-        b->cap = c;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-static void cb_str(cbuf *b, const char *s) { cb_add(b, s, strlen(s)); }
+#include "strbuf.h"
 
 /* ---- Python json.dumps(sort_keys=True, separators=(",",":"),
  *      ensure_ascii=False) ------------------------------------------------- */
 
-static void py_string(cbuf *b, const char *s, size_t n) {
-    cb_add(b, "\"", 1);
+static void py_string(k3_strbuf *b, const char *s, size_t n) {
+    k3_strbuf_add(b, "\"", 1);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         const char *e = NULL;
@@ -54,18 +35,18 @@ static void py_string(cbuf *b, const char *s, size_t n) {
             }
         }
         if (e)
-            cb_str(b, e);
+            k3_strbuf_str(b, e);
         else
-            cb_add(b, s + i, 1);
+            k3_strbuf_add(b, s + i, 1);
     }
-    cb_add(b, "\"", 1);
+    k3_strbuf_add(b, "\"", 1);
 }
 
 /* repr(float): the shortest digits that read back to x, in fixed notation
  * when -4 < decimal point position <= 16, else d.ddde+XX. */
-static void py_float(cbuf *b, double x) {
+static void py_float(k3_strbuf *b, double x) {
     if (x == 0) {
-        cb_str(b, signbit(x) ? "-0.0" : "0.0");
+        k3_strbuf_str(b, signbit(x) ? "-0.0" : "0.0");
         return;
     }
     char buf[48];
@@ -74,7 +55,7 @@ static void py_float(cbuf *b, double x) {
         if (strtod(buf, NULL) == x) break;
     }
     const char *s = buf;
-    if (*s == '-') cb_add(b, s++, 1);
+    if (*s == '-') k3_strbuf_add(b, s++, 1);
     char dig[24];
     int nd = 0;
     for (; *s && *s != 'e'; s++)
@@ -83,26 +64,26 @@ static void py_float(cbuf *b, double x) {
     while (nd > 1 && dig[nd - 1] == '0') nd--;
     if (decpt > -4 && decpt <= 16) {
         if (decpt <= 0) {
-            cb_str(b, "0.");
-            for (int i = 0; i < -decpt; i++) cb_add(b, "0", 1);
-            cb_add(b, dig, (size_t)nd);
+            k3_strbuf_str(b, "0.");
+            for (int i = 0; i < -decpt; i++) k3_strbuf_add(b, "0", 1);
+            k3_strbuf_add(b, dig, (size_t)nd);
         } else if (decpt >= nd) {
-            cb_add(b, dig, (size_t)nd);
-            for (int i = nd; i < decpt; i++) cb_add(b, "0", 1);
-            cb_str(b, ".0");
+            k3_strbuf_add(b, dig, (size_t)nd);
+            for (int i = nd; i < decpt; i++) k3_strbuf_add(b, "0", 1);
+            k3_strbuf_str(b, ".0");
         } else {
-            cb_add(b, dig, (size_t)decpt);
-            cb_add(b, ".", 1);
-            cb_add(b, dig + decpt, (size_t)(nd - decpt));
+            k3_strbuf_add(b, dig, (size_t)decpt);
+            k3_strbuf_add(b, ".", 1);
+            k3_strbuf_add(b, dig + decpt, (size_t)(nd - decpt));
         }
     } else {
-        cb_add(b, dig, 1);
+        k3_strbuf_add(b, dig, 1);
         if (nd > 1) {
-            cb_add(b, ".", 1);
-            cb_add(b, dig + 1, (size_t)(nd - 1));
+            k3_strbuf_add(b, ".", 1);
+            k3_strbuf_add(b, dig + 1, (size_t)(nd - 1));
         }
         snprintf(buf, sizeof buf, "e%c%02d", e < 0 ? '-' : '+', e < 0 ? -e : e);
-        cb_str(b, buf);
+        k3_strbuf_str(b, buf);
     }
 }
 
@@ -112,7 +93,7 @@ static int key_cmp(const void *a, const void *b) {
 
 /* Recursion depth is bounded by jansson's parser (it refuses nesting deeper
  * than its JSON_PARSER_MAX_DEPTH), so this cannot run out of stack. */
-static void py_dump(cbuf *b, json_t *v) {
+static void py_dump(k3_strbuf *b, json_t *v) {
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
         /* Python sorts str keys by code point; UTF-8 byte order is the same. */
@@ -122,36 +103,36 @@ static void py_dump(cbuf *b, json_t *v) {
         json_t *x;
         json_object_foreach(v, k, x) keys[i++] = k;
         qsort(keys, n, sizeof *keys, key_cmp);
-        cb_add(b, "{", 1);
+        k3_strbuf_add(b, "{", 1);
         for (i = 0; i < n; i++) {
-            if (i) cb_add(b, ",", 1);
+            if (i) k3_strbuf_add(b, ",", 1);
             py_string(b, keys[i], strlen(keys[i]));
-            cb_add(b, ":", 1);
+            k3_strbuf_add(b, ":", 1);
             py_dump(b, json_object_get(v, keys[i]));
         }
-        cb_add(b, "}", 1);
+        k3_strbuf_add(b, "}", 1);
         free(keys);
         break;
     }
     case JSON_ARRAY:
-        cb_add(b, "[", 1);
+        k3_strbuf_add(b, "[", 1);
         for (size_t i = 0; i < json_array_size(v); i++) {
-            if (i) cb_add(b, ",", 1);
+            if (i) k3_strbuf_add(b, ",", 1);
             py_dump(b, json_array_get(v, i));
         }
-        cb_add(b, "]", 1);
+        k3_strbuf_add(b, "]", 1);
         break;
     case JSON_STRING: py_string(b, json_string_value(v), json_string_length(v)); break;
     case JSON_INTEGER: {
         char t[32];
         snprintf(t, sizeof t, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        cb_str(b, t);
+        k3_strbuf_str(b, t);
         break;
     }
     case JSON_REAL: py_float(b, json_real_value(v)); break;
-    case JSON_TRUE: cb_str(b, "true"); break;
-    case JSON_FALSE: cb_str(b, "false"); break;
-    case JSON_NULL: cb_str(b, "null"); break;
+    case JSON_TRUE: k3_strbuf_str(b, "true"); break;
+    case JSON_FALSE: k3_strbuf_str(b, "false"); break;
+    case JSON_NULL: k3_strbuf_str(b, "null"); break;
     }
 }
 
@@ -162,8 +143,8 @@ k3_status k3_chat_json_py(const char *in, size_t n, char **out, size_t *out_len,
     if (!v)
         return k3_errf(K3_ERR_FORMAT, err, errlen, "invalid JSON at line %d column %d: %s", je.line,
                        je.column, je.text);
-    cbuf b = {0};
-    cb_add(&b, "", 0);
+    k3_strbuf b = {0};
+    k3_strbuf_add(&b, "", 0);
     py_dump(&b, v);
     json_decref(v);
     *out = b.p;
@@ -324,7 +305,7 @@ typedef struct rctx {
     const k3_tok *tok;
     int32_t open, close, sep, eom; /* the four markers */
     k3_chat_out *out;
-    cbuf text;
+    k3_strbuf text;
     char *err;
     size_t errlen;
 } rctx;
@@ -333,7 +314,7 @@ static void r_marker(rctx *r, int32_t id) {
     size_t n;
     const uint8_t *b = k3_tok_token_bytes(r->tok, id, &n);
     k3_tok_ids_push(&r->out->ids, id);
-    cb_add(&r->text, (const char *)b, n);
+    k3_strbuf_add(&r->text, (const char *)b, n);
 }
 
 /* One text piece, encoded on its own through the untrusted path. */
@@ -342,7 +323,7 @@ static void r_marker(rctx *r, int32_t id) {
 static k3_status r_text(rctx *r, const char *s, size_t n) {
     if (n == 0) return K3_OK;
     k3_status st = k3_tok_encode(r->tok, s, n, 0, &r->out->ids, r->err, r->errlen);
-    if (st == K3_OK) cb_add(&r->text, s, n);
+    if (st == K3_OK) k3_strbuf_add(&r->text, s, n);
     return st;
 }
 static k3_status r_str(rctx *r, const char *s) { return r_text(r, s, s ? strlen(s) : 0); }
@@ -354,15 +335,15 @@ typedef struct attr {
 
 /* & -> &amp; first, then " -> &quot; (the reference's _escape_attr_value). */
 static char *escape_attr(const char *v) {
-    cbuf b = {0};
-    cb_add(&b, "", 0);
+    k3_strbuf b = {0};
+    k3_strbuf_add(&b, "", 0);
     for (; *v; v++) {
         if (*v == '&')
-            cb_str(&b, "&amp;");
+            k3_strbuf_str(&b, "&amp;");
         else if (*v == '"')
-            cb_str(&b, "&quot;");
+            k3_strbuf_str(&b, "&quot;");
         else
-            cb_add(&b, v, 1);
+            k3_strbuf_add(&b, v, 1);
     }
     return b.p;
 }
@@ -594,10 +575,11 @@ static k3_status tools_body(const k3_chat_req *q, char **body, char *err, size_t
         json_decref(tools);
         return K3_OK;
     }
-    cbuf b = {0};
-    cb_str(&b, "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n");
+    k3_strbuf b = {0};
+    k3_strbuf_str(&b,
+                  "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n");
     py_dump(&b, tools);
-    cb_str(&b, "\n```");
+    k3_strbuf_str(&b, "\n```");
     json_decref(tools);
     *body = b.p;
     return K3_OK;
@@ -649,15 +631,15 @@ static k3_status validate(const k3_chat_req *q, char *err, size_t errlen) {
 static k3_status r_choice(rctx *r, const k3_chat_req *q) {
     if (q->tool_choice != K3_CHAT_TOOLS_REQUIRED && q->tool_choice != K3_CHAT_TOOLS_FORCED)
         return K3_OK;
-    cbuf b = {0};
+    k3_strbuf b = {0};
     if (q->tool_choice == K3_CHAT_TOOLS_REQUIRED) {
-        cb_str(&b, "The system is invoked with `tool_choice=required`.\n"
-                   "You MUST call tools in the next message.");
+        k3_strbuf_str(&b, "The system is invoked with `tool_choice=required`.\n"
+                          "You MUST call tools in the next message.");
     } else {
-        cb_str(&b, "The system is invoked with a forced tool choice.\n"
-                   "You MUST call the tool `");
-        cb_str(&b, q->tool_choice_name);
-        cb_str(&b, "` in the next message.");
+        k3_strbuf_str(&b, "The system is invoked with a forced tool choice.\n"
+                          "You MUST call the tool `");
+        k3_strbuf_str(&b, q->tool_choice_name);
+        k3_strbuf_str(&b, "` in the next message.");
     }
     attr a = {"type", "tool-choice", 1};
     k3_status st = r_message(r, "system", &a, 1, b.p);
@@ -703,7 +685,7 @@ k3_status k3_chat_render(const k3_tok *tok, const k3_chat_req *q, k3_chat_out *o
     st = tools_body(q, &body, err, errlen);
     if (st != K3_OK) return st;
 
-    cb_add(&r.text, "", 0);
+    k3_strbuf_add(&r.text, "", 0);
     int32_t bos = k3_tok_bos(tok);
     if (!q->no_bos && bos >= 0) r_marker(&r, bos);
     if (body) {

@@ -9,23 +9,7 @@
 
 #include "chat.h"
 #include "limits.h"
-
-typedef struct fbuf {
-    char *p;
-    size_t n, cap;
-} fbuf;
-
-static void fb_add(fbuf *b, const char *s, size_t n) {
-    if (b->n + n + 1 > b->cap) {
-        size_t c = b->cap ? b->cap : 128;
-        while (c < b->n + n + 1) c *= 2;
-        b->p = k3_xrealloc(b->p, c);
-        b->cap = c;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
+#include "strbuf.h"
 
 /* What the text inside the tools block is being collected for. */
 typedef enum capture { CAP_NONE = 0, CAP_ARG, CAP_JSON } capture;
@@ -40,19 +24,19 @@ struct k3_chat_filter {
     int done, finished; /* stop id seen / finish() called */
 
     int in_tag, tag_close, tag_overflow; /* reading a tag up to <|sep|> */
-    fbuf tag;
+    k3_strbuf tag;
 
     int in_tools;
     k3_chat_call cur; /* the call being read (cur.name != NULL) */
     capture cap;
-    fbuf capbuf; /* argument value / json text */
+    k3_strbuf capbuf; /* argument value / json text */
     char *arg_key, *arg_type;
 
     k3_chat_call *calls; /* [n_calls], owned */
     int n_calls;
 
     k3_tok_stream reason_dec, content_dec;
-    fbuf reason_out, content_out; /* this push's deltas */
+    k3_strbuf reason_out, content_out; /* this push's deltas */
 };
 
 /* ---- calls -------------------------------------------------------------- */
@@ -94,14 +78,14 @@ static char *unescape_attr(const char *s, size_t n) {
 }
 
 /* JSON string literal of s[0..n) (for the OpenAI arguments text). */
-static void json_str(fbuf *b, const char *s, size_t n) {
+static void json_str(k3_strbuf *b, const char *s, size_t n) {
     json_t *v = json_stringn_nocheck(s, n);
     char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
     json_decref(v);
     if (t)
-        fb_add(b, t, strlen(t));
+        k3_strbuf_add(b, t, strlen(t));
     else
-        fb_add(b, "\"\"", 2);
+        k3_strbuf_add(b, "\"\"", 2);
     free(t);
 }
 
@@ -112,26 +96,26 @@ static void json_str(fbuf *b, const char *s, size_t n) {
  * object / ... but wrote as something jansson cannot read becomes a
  * string, so a client's JSON.parse of arguments never fails on our side. */
 static void call_arguments(k3_chat_call *c) {
-    fbuf b = {0};
+    k3_strbuf b = {0};
     if (c->json && c->n_args == 0) {
-        fb_add(&b, c->json, strlen(c->json));
+        k3_strbuf_add(&b, c->json, strlen(c->json));
     } else {
-        fb_add(&b, "{", 1);
+        k3_strbuf_add(&b, "{", 1);
         for (int i = 0; i < c->n_args; i++) {
             k3_chat_arg *a = &c->args[i];
-            if (i) fb_add(&b, ",", 1);
+            if (i) k3_strbuf_add(&b, ",", 1);
             json_str(&b, a->key, strlen(a->key));
-            fb_add(&b, ":", 1);
+            k3_strbuf_add(&b, ":", 1);
             json_t *v = NULL;
             if (strcmp(a->type, "string") != 0)
                 v = json_loadb(a->value, a->value_len, JSON_DECODE_ANY, NULL);
             if (v)
-                fb_add(&b, a->value, a->value_len);
+                k3_strbuf_add(&b, a->value, a->value_len);
             else
                 json_str(&b, a->value, a->value_len);
             json_decref(v);
         }
-        fb_add(&b, "}", 1);
+        k3_strbuf_add(&b, "}", 1);
     }
     c->arguments = b.p;
 }
@@ -164,10 +148,10 @@ static void flush_channel(k3_chat_filter *f, k3_chat_channel ch) {
     const char *p;
     if (ch == K3_CHAT_CH_THINK) {
         p = k3_tok_stream_flush(&f->reason_dec, &l);
-        fb_add(&f->reason_out, p, l);
+        k3_strbuf_add(&f->reason_out, p, l);
     } else {
         p = k3_tok_stream_flush(&f->content_dec, &l);
-        fb_add(&f->content_out, p, l);
+        k3_strbuf_add(&f->content_out, p, l);
     }
 }
 
@@ -307,8 +291,8 @@ void k3_chat_filter_close(k3_chat_filter **fp) {
 static void delta_begin(k3_chat_filter *f, k3_chat_delta *d) {
     memset(d, 0, sizeof *d);
     f->reason_out.n = f->content_out.n = 0;
-    fb_add(&f->reason_out, "", 0);
-    fb_add(&f->content_out, "", 0);
+    k3_strbuf_add(&f->reason_out, "", 0);
+    k3_strbuf_add(&f->content_out, "", 0);
 }
 
 static void delta_end(k3_chat_filter *f, k3_chat_delta *d) {
@@ -367,18 +351,18 @@ void k3_chat_filter_push(k3_chat_filter *f, int32_t id, k3_chat_delta *d) {
             if (f->tag.n + n > K3_CHAT_MAX_TAG_BYTES)
                 f->tag_overflow = 1;
             else
-                fb_add(&f->tag, (const char *)b, n);
+                k3_strbuf_add(&f->tag, (const char *)b, n);
         } else if (f->in_tools) {
-            if (f->cap != CAP_NONE) fb_add(&f->capbuf, (const char *)b, n);
+            if (f->cap != CAP_NONE) k3_strbuf_add(&f->capbuf, (const char *)b, n);
         } else {
             size_t l;
             const char *p;
             if (f->channel == K3_CHAT_CH_THINK) {
                 p = k3_tok_stream_bytes(&f->reason_dec, b, n, &l);
-                fb_add(&f->reason_out, p, l);
+                k3_strbuf_add(&f->reason_out, p, l);
             } else {
                 p = k3_tok_stream_bytes(&f->content_dec, b, n, &l);
-                fb_add(&f->content_out, p, l);
+                k3_strbuf_add(&f->content_out, p, l);
             }
         }
     }
