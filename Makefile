@@ -66,7 +66,7 @@ $(BUILD)/k3-worker: $(WORK_OBJ) $(LIB)
 
 # Test programs may use worker/ and coordinator/ modules (all but main.c).
 APP_OBJ := $(filter-out %/main.o,$(COORD_OBJ) $(WORK_OBJ))
-$(BUILD)/tests/%: tests/%.c $(APP_OBJ) $(LIB) tests/test.h
+$(BUILD)/tests/%: tests/%.c $(APP_OBJ) $(LIB) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(APP_OBJ) $(LIB) $(LDLIBS)
 
