@@ -73,8 +73,9 @@ int main(int argc, char **argv) {
     if (argc == 5) rows = atoi(argv[3]), cols = atoi(argv[4]);
     if (a.n < 1 || a.n > 256 || rows < 1 || rows > 65536 || cols < 64 || cols > 65536 ||
         cols % 64) {
-        fprintf(stderr, "kernel_once: n %d rows %d cols %d: need n in [1,256], rows in "
-                        "[1,65536], cols in [64,65536] and a multiple of 64\n",
+        fprintf(stderr,
+                "kernel_once: n %d rows %d cols %d: need n in [1,256], rows in "
+                "[1,65536], cols in [64,65536] and a multiple of 64\n",
                 a.n, rows, cols);
         return 2;
     }
@@ -105,7 +106,8 @@ int main(int argc, char **argv) {
         bytes = k3_qmat_bytes(m);
     }
     float *x = malloc(sizeof(float) * (size_t)a.n * cols);
-    for (size_t i = 0; i < (size_t)a.n * cols; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 1e3f;
+    for (size_t i = 0; i < (size_t)a.n * cols; i++)
+        x[i] = (float)((int)(rnd() % 2001) - 1000) / 1e3f;
     int8_t *q = malloc((size_t)a.n * cols);
     float *qs = malloc(sizeof(float) * (size_t)a.n * cols / 32);
     k3_act_quant_q8(x, a.n, cols, q, qs);
