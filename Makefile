@@ -72,6 +72,12 @@ $(BUILD)/tests/%: tests/%.c $(APP_OBJ) $(LIB) $(wildcard tests/*.h)
 
 tests-bin: $(PROGS) $(TEST_BIN)
 
+# Benchmark programs (tests/bench/*.c), built on demand by the bench scripts
+# with the same flags and objects as the tests: `make build/bench/bench_kernels`.
+$(BUILD)/bench/%: tests/bench/%.c $(APP_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(APP_OBJ) $(LIB) $(LDLIBS)
+
 # The tiny checkpoint: seconds to generate, deterministic from its seed.
 tiny: $(TINY)/config.json
 $(TINY)/config.json: tests/fixtures/k3_gen.py tests/fixtures/corpus.txt

@@ -169,19 +169,7 @@ need=$((total + total / 20 + 1024 * 1024 * 1024))
     skip "MemAvailable $((mem_avail >> 20)) MiB < drives $((need >> 20)) MiB + 3 GiB for the workers"
 
 # ---- the coordinator-side driver ------------------------------------------
-vars() {
-    make --no-print-directory -s -f Makefile -f - BUILD="$BUILD" _k3_bench_vars <<'MK'
-_k3_bench_vars:
-	@echo '$(CC)'; echo '$(CFLAGS)'; echo '$(LDLIBS)'; echo '$(APP_OBJ)'
-MK
-}
-mapfile -t V < <(vars)
-# shellcheck disable=SC2086
-make --no-print-directory -s BUILD="$BUILD" all "$BUILD/libk3.a" ${V[3]}
-mkdir -p "$BUILD/bench"
-# shellcheck disable=SC2086
-${V[0]} ${V[1]} -o "$BUILD/bench/bench_drives" tests/bench/bench_drives.c ${V[3]} \
-    "$BUILD/libk3.a" ${V[2]}
+make --no-print-directory -s BUILD="$BUILD" all "$BUILD/bench/bench_drives"
 
 echo "bench-drives: $SLICE ($((total / 1000000)) MB of layer shards), $(nproc) cores,"\
      "drives of $DRIVE_MBPS MB/s (loop + ext4 in /dev/shm, blkio throttle), $SLOTS expert"\

@@ -27,19 +27,7 @@ if [ ! -f "$SLICE/config.json" ]; then
     /usr/bin/python3 tests/fixtures/k3_gen.py --profile slice --out "$SLICE"
 fi
 command -v fio >/dev/null || { echo "bench-experts: fio missing (apt-get install fio)"; exit 1; }
-vars() {
-    make --no-print-directory -s -f Makefile -f - BUILD="$BUILD" _k3_bench_vars <<'MK'
-_k3_bench_vars:
-	@echo '$(CC)'; echo '$(CFLAGS)'; echo '$(LDLIBS)'
-MK
-}
-mapfile -t V < <(vars)
-[ -f "$BUILD/libk3.a" ] || make --no-print-directory "$BUILD/libk3.a"
-mkdir -p "$BUILD/bench"
-# shellcheck disable=SC2086
-${V[0]} ${V[1]} -I. -o "$BUILD/bench/bench_experts" tests/bench/bench_experts.c "$BUILD/libk3.a" ${V[2]}
-# shellcheck disable=SC2086
-${V[0]} ${V[1]} -I. -o "$BUILD/bench/bench_expert_io" tests/bench/bench_expert_io.c "$BUILD/libk3.a" ${V[2]}
+make --no-print-directory -s BUILD="$BUILD" "$BUILD/bench/bench_experts" "$BUILD/bench/bench_expert_io"
 
 sync
 if echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then dropped=yes; else dropped=no; fi

@@ -7,17 +7,5 @@
 set -euo pipefail
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/../.."
-# Ask make for CC/CFLAGS/LDLIBS so the benchmark never drifts from the build.
-vars() {
-    make --no-print-directory -s -f Makefile -f - BUILD="$BUILD" _k3_bench_vars <<'MK'
-_k3_bench_vars:
-	@echo '$(CC)'; echo '$(CFLAGS)'; echo '$(LDLIBS)'
-MK
-}
-mapfile -t V < <(vars)
-CC_=${V[0]} CFLAGS_=${V[1]} LDLIBS_=${V[2]}
-[ -f "$BUILD/libk3.a" ] || make --no-print-directory "$BUILD/libk3.a"
-mkdir -p "$BUILD/bench"
-# shellcheck disable=SC2086
-$CC_ $CFLAGS_ -o "$BUILD/bench/bench_layers" tests/bench/bench_layers.c "$BUILD/libk3.a" $LDLIBS_
+make --no-print-directory -s BUILD="$BUILD" "$BUILD/bench/bench_layers"
 exec "$BUILD/bench/bench_layers" "$@"

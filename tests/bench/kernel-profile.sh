@@ -11,17 +11,7 @@ BUILD=${BUILD:-build}
 ISA=${K3_ISA:-avx2}
 cd "$(dirname "$0")/../.."
 command -v valgrind >/dev/null || { echo "kernel-profile: valgrind not found" >&2; exit 1; }
-vars() {
-    make --no-print-directory -s -f Makefile -f - BUILD="$BUILD" _k3_vars <<'MK'
-_k3_vars:
-	@echo '$(CC)'; echo '$(CFLAGS)'; echo '$(LDLIBS)'
-MK
-}
-mapfile -t V < <(vars)
-[ -f "$BUILD/libk3.a" ] || make --no-print-directory "$BUILD/libk3.a"
-mkdir -p "$BUILD/bench"
-# shellcheck disable=SC2086
-${V[0]} ${V[1]} -o "$BUILD/bench/kernel_once" tests/bench/kernel_once.c "$BUILD/libk3.a" ${V[2]}
+make --no-print-directory -s BUILD="$BUILD" "$BUILD/bench/kernel_once"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 kernels=("$@")
