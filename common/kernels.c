@@ -45,32 +45,39 @@ static pthread_key_t g_scratch_key;
 static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
 
 typedef struct {
-    void *p;
-    size_t cap;
+    void *p[2];
+    size_t cap[2];
 } scratch_buf;
 
 static void scratch_free(void *v) {
     scratch_buf *b = v;
-    free(b->p);
+    free(b->p[0]);
+    free(b->p[1]);
     free(b);
 }
 
 static void scratch_init(void) { K3_ASSERT(pthread_key_create(&g_scratch_key, scratch_free) == 0); }
 
-void *k3_kern_scratch(size_t bytes) {
+static void *scratch_slot(int slot, size_t bytes) {
     pthread_once(&g_scratch_once, scratch_init);
     scratch_buf *b = pthread_getspecific(g_scratch_key);
     if (!b) {
         b = k3_xcalloc(1, sizeof *b);
         K3_ASSERT(pthread_setspecific(g_scratch_key, b) == 0);
     }
-    if (b->cap < bytes) {
-        free(b->p);
-        b->cap = bytes + bytes / 4;
-        b->p = k3_xaligned(64, b->cap);
+    if (b->cap[slot] < bytes) {
+        free(b->p[slot]);
+        b->cap[slot] = bytes + bytes / 4;
+        b->p[slot] = k3_xaligned(64, b->cap[slot]);
     }
-    return b->p;
+    return b->p[slot];
 }
+
+void *k3_kern_scratch(size_t bytes) { return scratch_slot(0, bytes); }
+
+/* The wrappers' slot (quantized activations handed to the kernels, which
+ * use slot 0 on the same thread when the caller runs a task itself). */
+static void *scratch_in(size_t bytes) { return scratch_slot(1, bytes); }
 
 /* ---- ISA dispatch ---- */
 
@@ -306,6 +313,45 @@ static void sc_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n
     }
 }
 
+/* Dense integer-dot (kernels.h): per group of 32 columns the exact
+ * integer sum, then the float part in group order. */
+float k3_q8_row_scalar(const k3_qmat *m, int r, const int8_t *xq, const float *xs) {
+    const int cols = m->cols, ng = cols / 32;
+    float acc = 0.0f;
+    if (m->fmt == K3_QF_I8) {
+        const int8_t *w = m->q8 + (size_t)r * cols;
+        for (int g = 0; g < ng; g++) {
+            int32_t isum = 0;
+            for (int i = 0; i < 32; i++) isum += w[g * 32 + i] * xq[g * 32 + i];
+            acc += (float)isum * xs[g];
+        }
+        return acc * m->scales[r]; /* row scale last */
+    }
+    K3_ASSERT(m->fmt == K3_QF_I4G64);
+    const uint8_t *p = m->q4 + (size_t)r * (cols / 2);
+    const float *s4 = m->scales + (size_t)r * (cols / 64);
+    for (int g = 0; g < ng; g++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) {
+            const uint8_t b = p[g * 16 + j];
+            isum += ((b & 15) - 8) * xq[g * 32 + 2 * j];
+            isum += ((b >> 4) - 8) * xq[g * 32 + 2 * j + 1];
+        }
+        const float f = s4[g / 2] * xs[g];
+        acc += (float)isum * f;
+    }
+    return acc;
+}
+
+void k3_q8_rows_scalar(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y, int r0,
+                       int r1) {
+    const int ng = m->cols / 32;
+    for (int r = r0; r < r1; r++)
+        for (int t = 0; t < n; t++)
+            y[(size_t)t * m->rows + r] =
+                k3_q8_row_scalar(m, r, xq + (size_t)t * m->cols, xs + (size_t)t * ng);
+}
+
 /* Clamps written as the comparisons minps/maxps perform (a < b ? a : b), so
  * that a NaN lands on the same side in the scalar and vector quantizers. */
 static inline float clampf(float v, float lo, float hi) {
@@ -341,6 +387,7 @@ const k3_kern_ops k3_kern_scalar = {
     .mx_f32 = sc_mx_f32,
     .mx_i8 = sc_mx_i8,
     .act_q8 = sc_act_q8,
+    .q8_rows = k3_q8_rows_scalar,
 };
 
 /* ---- load-time quantization (spec 4.2) ---- */
@@ -474,6 +521,18 @@ void k3_qmat_matmul_rows(const k3_qmat *m, const float *x, int n, float *y, int 
     K3_ASSERT(!"k3_qmat: unknown format");
 }
 
+int k3_qmat_uses_idot(const k3_qmat *m) {
+    return m->idot && (m->fmt == K3_QF_I8 || m->fmt == K3_QF_I4G64) && m->cols % 32 == 0;
+}
+
+void k3_qmat_matmul_q8_rows(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y,
+                            int r0, int r1) {
+    K3_ASSERT(0 <= r0 && r0 <= r1 && r1 <= m->rows && n >= 0 && m->cols % 32 == 0);
+    K3_ASSERT(m->fmt == K3_QF_I8 || (m->fmt == K3_QF_I4G64 && m->cols % 64 == 0));
+    if (n == 0 || r0 == r1) return;
+    ops()->q8_rows(m, xq, xs, n, y, r0, r1);
+}
+
 void k3_mxfp4_matmul_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
     K3_ASSERT(w->cols % 32 == 0 && 0 <= r0 && r0 <= r1 && r1 <= w->rows && n >= 0);
     if (n == 0 || r0 == r1) return;
@@ -499,7 +558,7 @@ void k3_act_quant_q8(const float *x, int n, int cols, int8_t *q, float *s) {
  * row block: AVX-512 integer-dot), about 4 tasks per thread so a slow thread
  * does not hold up the others. Any split gives the same bits (kernels_isa.h). */
 typedef struct mm_job {
-    int kind; /* 0 qmat, 1 mxfp4 f32, 2 mxfp4 i8 */
+    int kind; /* 0 qmat, 1 mxfp4 f32, 2 mxfp4 i8, 3 qmat integer-dot */
     const k3_qmat *m;
     const k3_mxfp4 *w;
     const float *x;
@@ -516,6 +575,7 @@ static void mm_task(void *ctx, int task) {
     switch (j->kind) {
     case 0: k3_qmat_matmul_rows(j->m, j->x, j->n, j->y, r0, r1); break;
     case 1: k3_mxfp4_matmul_f32(j->w, j->x, j->n, j->y, r0, r1); break;
+    case 3: k3_qmat_matmul_q8_rows(j->m, j->xq, j->xs, j->n, j->y, r0, r1); break;
     default: k3_mxfp4_matmul_i8(j->w, j->xq, j->xs, j->n, j->y, r0, r1); break;
     }
 }
@@ -537,8 +597,30 @@ static void mm_run(mm_job *j, k3_pool *pool) {
 
 void k3_qmat_matmul(const k3_qmat *m, const float *x, int n, float *y, k3_pool *pool) {
     if (n <= 0 || m->rows == 0) return;
-    mm_job j = {.kind = 0, .m = m, .x = x, .n = n, .rows = m->rows, .y = y};
-    mm_run(&j, pool);
+    if (!k3_qmat_uses_idot(m)) {
+        mm_job j = {.kind = 0, .m = m, .x = x, .n = n, .rows = m->rows, .y = y};
+        mm_run(&j, pool);
+        return;
+    }
+    /* quantize on the calling thread into its scratch (the pool's threads
+     * use their own for the kernel), in token chunks under the cap */
+    const int cols = m->cols, ng = cols / 32;
+    const size_t per_tok = (size_t)cols + (size_t)ng * sizeof(float);
+    const int tch = k3_kern_chunk(n, per_tok);
+    int8_t *xq = scratch_in((size_t)tch * per_tok);
+    float *xs = (float *)(xq + (size_t)tch * cols); /* cols % 32 == 0: aligned */
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        k3_act_quant_q8(x + (size_t)t0 * cols, tn, cols, xq, xs);
+        mm_job j = {.kind = 3,
+                    .m = m,
+                    .xq = xq,
+                    .xs = xs,
+                    .n = tn,
+                    .rows = m->rows,
+                    .y = y + (size_t)t0 * m->rows};
+        mm_run(&j, pool);
+    }
 }
 
 void k3_mxfp4_matmul_f32_mt(const k3_mxfp4 *w, const float *x, int n, float *y, k3_pool *pool) {

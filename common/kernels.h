@@ -48,6 +48,8 @@ typedef struct k3_qmat {
     uint8_t *q4;    /* I4G64: [rows][cols/2] */
     float *scales;  /* I8: [rows]; I4G64: [rows][cols/64] */
     int owned;      /* 1: buffers are heap-owned and freed by k3_qmat_free */
+    int idot;       /* 1: k3_qmat_matmul runs the integer-dot kernel (I8/I4G64 with
+                     * cols % 32 == 0 only; set by the loader under K3_DENSE_IDOT) */
 } k3_qmat;
 
 /* Quantizes f32 weights with the spec 4.2 algorithm: bits >= 32 -> F32 (copy),
@@ -65,8 +67,23 @@ size_t k3_qmat_bytes(const k3_qmat *m);
  * float accumulation per row in the 16-lane order (spec 4.2 fixes no order);
  * I8 multiplies the row scale at the end, I4G64 scales each group sum. */
 void k3_qmat_matmul_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1);
-/* Same over all rows, split across the pool. */
+/* Same over all rows, split across the pool. With m->idot set (and an
+ * I8/I4G64 matrix of cols % 32 == 0) the activations are quantized here
+ * (k3_act_quant_q8) and the integer-dot kernel below runs instead. */
 void k3_qmat_matmul(const k3_qmat *m, const float *x, int n, float *y, k3_pool *pool);
+
+/* Integer-dot dense kernel (opt-in, K3_DENSE_IDOT=1; spec 4.2 prescribes
+ * float activations, so this is a numerics change, like K3_IDOT for the
+ * experts): activations quantized per group of 32 (k3_act_quant_q8), per
+ * group g the exact integer sum isum_g of q_w * q_x, then in group order
+ *   I8:    acc += (float)isum_g * sx_g;              y = acc * s_row
+ *   I4G64: acc += (float)isum_g * (s_{row,g/2} * sx_g); y = acc
+ * (q_w = nibble - 8 for int4). Bit-exact across ISA levels and chunk sizes.
+ * xq [n][cols], xs [n][cols/32], y [n][rows]; cols % 32 == 0. */
+void k3_qmat_matmul_q8_rows(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y,
+                            int r0, int r1);
+/* 1 if k3_qmat_matmul takes the integer-dot path for m */
+int k3_qmat_uses_idot(const k3_qmat *m);
 
 /* ---- MXFP4 routed experts ---- */
 typedef struct k3_mxfp4 {

@@ -317,31 +317,77 @@ static void avx2_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int 
     nibble_rows(tmx_fns, n == 1 ? 2 : 1, n == 1 ? 1 : 4, w, w->rows, w->cols, x, n, y, r0, r1);
 }
 
-/* ---- MXFP4 integer-dot ----
+/* ---- integer-dot: MXFP4 experts and the opt-in dense int8 / int4 ----
  *
- * Weights decode to u = 2v + 12 in [0, 24] (unsigned, for vpmaddubsw), low
- * nibbles (even columns) in the low 128-bit lane and high nibbles (odd
- * columns) in the high lane; the activation group is permuted to match. The
- * +12 offset is taken back exactly: isum = sum(u*q) - 12*sum(q). Products
- * pair up to 2*24*127 = 6096 in int16: no saturation. */
+ * 8 rows at a time, one int32x8 partial sum per row and token, folded to
+ * the 8 row sums of a group by hsum8x8. Weight kinds (zk_* of the AVX-512
+ * file are the same three):
+ *   MX: u = 2v + 12 in [0, 24] (unsigned, for vpmaddubsw), low nibbles (even
+ *       columns) in the low 128-bit lane and high nibbles (odd columns) in
+ *       the high lane; the activation group is permuted to match. The +12 is
+ *       taken back exactly: isum = sum(u*q) - 12*sum(q). Products pair up to
+ *       2*24*127 = 6096 in int16: no saturation.
+ *   I4: u = the nibble = w + 8 in [0, 15], same layout, bias 8.
+ *   I8: w + 128 would saturate vpmaddubsw's int16 pairs (2*255*127), so
+ *       u = |w| and the activations take w's sign (vpsignb): 2*127*127 =
+ *       32258 fits; no bias. Columns in order. */
 
 #define MXI8_TC 32  /* tokens per pass (the correction table) */
 #define MXI8_GC 256 /* groups per pass (the scale table) */
+enum { XK_MX = 0, XK_I4 = 1, XK_I8 = 2 };
 
-AVX2_INL __m256i mxi8_dec(const uint8_t *p) {
+/* one group of one row -> u (and for I8 the raw weights, the sign source) */
+AVX2_INL __m256i xk_dec(int kind, const uint8_t *p, __m256i *raw) {
+    if (kind == XK_I8) {
+        *raw = _mm256_loadu_si256((const __m256i *)p);
+        return _mm256_abs_epi8(*raw);
+    }
     const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                                          12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
     __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-    b = _mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
-    return _mm256_shuffle_epi8(tab, _mm256_and_si256(b, _mm256_set1_epi8(15)));
+    b = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+                         _mm256_set1_epi8(15));
+    return kind == XK_MX ? _mm256_shuffle_epi8(tab, b) : b;
 }
 
-/* 32 activations of one group -> [even columns | odd columns]. */
-AVX2_INL __m256i mxi8_qperm(const int8_t *q) {
+/* A pair of groups (32 bytes of one row): u of the low nibbles (even
+ * columns of group g | of group g+1) and of the high nibbles (odd columns). */
+AVX2_INL void xk_dec2(int kind, const uint8_t *p, __m256i *lo, __m256i *hi) {
+    const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i m15 = _mm256_set1_epi8(15);
+    const __m256i b = _mm256_loadu_si256((const __m256i *)p);
+    *lo = _mm256_and_si256(b, m15);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m15);
+    if (kind == XK_MX) {
+        *lo = _mm256_shuffle_epi8(tab, *lo);
+        *hi = _mm256_shuffle_epi8(tab, *hi);
+    }
+}
+
+/* Activations for the nibble kinds, per token: each pair of groups (64
+ * columns) as [even columns of g | of g+1] [odd of g | of g+1] (xk_dec2's
+ * order); a last unpaired group as [even | odd] (xk_dec's). q, out [n][cols]. */
+static AVX2_FN void xk_prep(const int8_t *q, int n, int cols, int8_t *out) {
     const __m256i idx = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
                                          4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)q), idx);
-    return _mm256_permute4x64_epi64(v, 0xD8);
+    const int ng = cols / 32;
+    for (int t = 0; t < n; t++) {
+        const int8_t *qt = q + (size_t)t * cols;
+        int8_t *ot = out + (size_t)t * cols;
+        for (int g = 0; g < ng; g++) { /* per group [even | odd] */
+            const __m256i v =
+                _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(qt + g * 32)), idx);
+            _mm256_storeu_si256((__m256i *)(ot + g * 32), _mm256_permute4x64_epi64(v, 0xD8));
+        }
+        for (int g = 0; g + 1 < ng; g += 2) { /* pairs: exchange the middle halves */
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(ot + g * 32));
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(ot + g * 32 + 32));
+            _mm256_storeu_si256((__m256i *)(ot + g * 32), _mm256_permute2x128_si256(a, b, 0x20));
+            _mm256_storeu_si256((__m256i *)(ot + g * 32 + 32),
+                                _mm256_permute2x128_si256(a, b, 0x31));
+        }
+    }
 }
 
 /* Eight int32x8 partial sums (one per row) -> one vector of the 8 row sums. */
@@ -351,6 +397,16 @@ AVX2_INL __m256i hsum8x8(const __m256i p[8]) {
     __m256i e = _mm256_hadd_epi32(a, b), f = _mm256_hadd_epi32(c, d);
     return _mm256_add_epi32(_mm256_permute2x128_si256(e, f, 0x20),
                             _mm256_permute2x128_si256(e, f, 0x31));
+}
+
+/* The same when the 128-bit lanes of the partial sums belong to two groups:
+ * *g0 = the 8 row sums of the low lanes, *g1 of the high lanes. */
+AVX2_INL void hsum8x8_pair(const __m256i p[8], __m256i *g0, __m256i *g1) {
+    __m256i a = _mm256_hadd_epi32(p[0], p[1]), b = _mm256_hadd_epi32(p[2], p[3]);
+    __m256i c = _mm256_hadd_epi32(p[4], p[5]), d = _mm256_hadd_epi32(p[6], p[7]);
+    __m256i e = _mm256_hadd_epi32(a, b), f = _mm256_hadd_epi32(c, d);
+    *g0 = _mm256_permute2x128_si256(e, f, 0x20);
+    *g1 = _mm256_permute2x128_si256(e, f, 0x31);
 }
 
 /* eh[g][i] = 2^(s-127)/2 of rows 0..7 (row stride ld) for groups
@@ -384,25 +440,60 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
  * (the float partial sum stored there is exact), so splitting the groups into
  * passes keeps the group-order accumulation of the scalar kernel. DOT(u, qp)
  * gives the 8 int32 partial sums of one row: vpmaddubsw + vpmaddwd (AVX2)
- * or vpdpbusd on ymm (AVX-512 VL + VNNI, used by that level for small n). */
+ * or vpdpbusd on ymm (AVX-512 VL + VNNI, used by that level for small n).
+ * pb: the 8 rows' bytes (row stride ldp), gbytes per group; I8 has no group
+ * factor (f = sx; the caller applies the row scale) and no correction. */
 #define MXI8_TILE_BODY(DOT)                                                                        \
     const int ng = cols / 32;                                                                      \
+    const size_t gbytes = kind == XK_I8 ? 32 : 16;                                                 \
     __m256 acc[4];                                                                                 \
     UNROLL for (int j = 0; j < T; j++) acc[j] =                                                    \
         g0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);                              \
-    for (int g = 0; g < gn; g++) {                                                                 \
-        __m256i u[8];                                                                              \
-        if (T == 1 && (g & 3) == 0)                                                                \
-            UNROLL for (int i = 0; i < 8; i++)                                                     \
-                pf_next(pb + i * ldp + (size_t)(g0 + g) * 16, 8 * ldp);                            \
-        UNROLL for (int i = 0; i < 8; i++) u[i] = mxi8_dec(pb + i * ldp + (size_t)(g0 + g) * 16);  \
-        const __m256 e = _mm256_load_ps(eh + g * 8);                                               \
+    int g = 0;                                                                                     \
+    /* nibble kinds: groups in pairs, 32 bytes per row at once (xk_prep's pair layout) */          \
+    for (; kind != XK_I8 && g + 1 < gn; g += 2) {                                                  \
+        __m256i ul[8], uh[8];                                                                      \
+        const uint8_t *pg = pb + (size_t)(g0 + g) * 16;                                            \
+        if (T == 1 && ((size_t)(g0 + g) * 16 & 63) == 0)                                           \
+            UNROLL for (int i = 0; i < 8; i++) pf_next(pg + i * ldp, 8 * ldp);                     \
+        UNROLL for (int i = 0; i < 8; i++) xk_dec2(kind, pg + i * ldp, &ul[i], &uh[i]);            \
+        const __m256 e0 = _mm256_load_ps(eh + g * 8), e1 = _mm256_load_ps(eh + (g + 1) * 8);       \
         UNROLL for (int j = 0; j < T; j++) {                                                       \
-            const __m256i qp = mxi8_qperm(xq + (size_t)j * cols + (size_t)(g0 + g) * 32);          \
+            const int8_t *qg = xq + (size_t)j * cols + (size_t)(g0 + g) * 32;                      \
+            const __m256i qe = _mm256_loadu_si256((const __m256i *)qg);                            \
+            const __m256i qo = _mm256_loadu_si256((const __m256i *)(qg + 32));                     \
             __m256i p[8];                                                                          \
-            UNROLL for (int i = 0; i < 8; i++) p[i] = DOT(u[i], qp);                               \
-            __m256i isum = _mm256_sub_epi32(hsum8x8(p), _mm256_set1_epi32(corr[j * ldc + g]));     \
-            const __m256 f = _mm256_mul_ps(e, _mm256_broadcast_ss(xs + (size_t)j * ng + g0 + g));  \
+            UNROLL for (int i = 0; i < 8; i++) p[i] =                                              \
+                _mm256_add_epi32(DOT(ul[i], qe), DOT(uh[i], qo));                                  \
+            __m256i i0, i1;                                                                        \
+            hsum8x8_pair(p, &i0, &i1);                                                             \
+            i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(corr[j * ldc + g]));                       \
+            i1 = _mm256_sub_epi32(i1, _mm256_set1_epi32(corr[j * ldc + g + 1]));                   \
+            const float *sxp = xs + (size_t)j * ng + g0 + g;                                       \
+            const __m256 f0 = _mm256_mul_ps(e0, _mm256_broadcast_ss(sxp));                         \
+            const __m256 f1 = _mm256_mul_ps(e1, _mm256_broadcast_ss(sxp + 1));                     \
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_cvtepi32_ps(i0), f0));             \
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_cvtepi32_ps(i1), f1));             \
+        }                                                                                          \
+    }                                                                                              \
+    for (; g < gn; g++) {                                                                          \
+        __m256i u[8], w[8];                                                                        \
+        const uint8_t *pg = pb + (size_t)(g0 + g) * gbytes;                                        \
+        if (T == 1 && ((size_t)(g0 + g) * gbytes & 63) == 0)                                       \
+            UNROLL for (int i = 0; i < 8; i++) pf_next(pg + i * ldp, 8 * ldp);                     \
+        UNROLL for (int i = 0; i < 8; i++) u[i] = xk_dec(kind, pg + i * ldp, &w[i]);               \
+        const __m256 e = kind == XK_I8 ? _mm256_setzero_ps() : _mm256_load_ps(eh + g * 8);         \
+        UNROLL for (int j = 0; j < T; j++) {                                                       \
+            const int8_t *qg = xq + (size_t)j * cols + (size_t)(g0 + g) * 32;                      \
+            const __m256i qp = _mm256_loadu_si256((const __m256i *)qg);                            \
+            __m256i p[8];                                                                          \
+            UNROLL for (int i = 0; i < 8; i++) p[i] =                                              \
+                DOT(u[i], kind == XK_I8 ? _mm256_sign_epi8(qp, w[i]) : qp);                        \
+            __m256i isum = hsum8x8(p);                                                             \
+            if (kind != XK_I8)                                                                     \
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(corr[j * ldc + g]));               \
+            const __m256 sx = _mm256_broadcast_ss(xs + (size_t)j * ng + g0 + g);                   \
+            const __m256 f = kind == XK_I8 ? sx : _mm256_mul_ps(e, sx);                            \
             acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), f));            \
         }                                                                                          \
     }                                                                                              \
@@ -415,28 +506,37 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
 #define MXI8_ARGS                                                                                  \
     const uint8_t *pb, size_t ldp, const float *eh, const int32_t *corr, int ldc,                  \
         const int8_t *xq, const float *xs, int cols, int g0, int gn, float *y, size_t ldy
-#define MXI8_TILE_FN(TT)                                                                           \
-    static AVX2_FN void mxi8_##TT(MXI8_ARGS) {                                                     \
-        const int T = TT;                                                                          \
+#define MXI8_TILE_FN(NAME, KIND, TT)                                                               \
+    static AVX2_FN void NAME##_##TT(MXI8_ARGS) {                                                   \
+        const int T = TT, kind = KIND;                                                             \
         MXI8_TILE_BODY(DOT_AVX2)                                                                   \
     }                                                                                              \
-    static VNNI_FN void mxi8v_##TT(MXI8_ARGS) {                                                    \
-        const int T = TT;                                                                          \
+    static VNNI_FN void NAME##v_##TT(MXI8_ARGS) {                                                  \
+        const int T = TT, kind = KIND;                                                             \
         MXI8_TILE_BODY(DOT_VNNI)                                                                   \
     }
-MXI8_TILE_FN(1)
-MXI8_TILE_FN(2)
-MXI8_TILE_FN(3)
-MXI8_TILE_FN(4)
+#define MXI8_TILE_FNS(NAME, KIND)                                                                  \
+    MXI8_TILE_FN(NAME, KIND, 1)                                                                    \
+    MXI8_TILE_FN(NAME, KIND, 2)                                                                    \
+    MXI8_TILE_FN(NAME, KIND, 3)                                                                    \
+    MXI8_TILE_FN(NAME, KIND, 4)
+MXI8_TILE_FNS(mxi8, XK_MX)
+MXI8_TILE_FNS(xki4, XK_I4)
+MXI8_TILE_FNS(xki8, XK_I8)
 
 typedef void (*mxi8_fn)(MXI8_ARGS);
-static const mxi8_fn mxi8_fns[4] = {mxi8_1, mxi8_2, mxi8_3, mxi8_4};
-static const mxi8_fn mxi8v_fns[4] = {mxi8v_1, mxi8v_2, mxi8v_3, mxi8v_4};
+/* [kind][vnni][T - 1] */
+static const mxi8_fn xk_fns[3][2][4] = {
+    {{mxi8_1, mxi8_2, mxi8_3, mxi8_4}, {mxi8v_1, mxi8v_2, mxi8v_3, mxi8v_4}},
+    {{xki4_1, xki4_2, xki4_3, xki4_4}, {xki4v_1, xki4v_2, xki4v_3, xki4v_4}},
+    {{xki8_1, xki8_2, xki8_3, xki8_4}, {xki8v_1, xki8v_2, xki8v_3, xki8v_4}},
+};
 
-/* 12 * sum(q) over each group of 32 (exact). */
-static AVX2_FN int32_t mxi8_corr(const int8_t *q) {
+/* bias * sum(q) over each group of 32 (exact; bias 12 or 8). */
+static AVX2_FN int32_t mxi8_corr(const int8_t *q, int bias) {
     __m256i v = _mm256_loadu_si256((const __m256i *)q);
-    v = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(12), v), _mm256_set1_epi16(1));
+    v = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)bias), v),
+                          _mm256_set1_epi16(1));
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
@@ -447,32 +547,68 @@ static AVX2_FN void mxi8_scales8_fn(const uint8_t *scale, size_t ld, int g0, int
     mxi8_scales8(scale, ld, g0, gn, eh);
 }
 
-static void mx_i8_rows(const mxi8_fn *fns, const k3_mxfp4 *w, const int8_t *xq, const float *xs,
-                       int n, float *y, int r0, int r1) {
-    const int cols = w->cols, ng = cols / 32;
-    const size_t ldp = (size_t)cols / 2;
-    const int r8 = r0 + (r1 - r0) / 8 * 8; /* rows [r8, r1) go to the scalar row */
-    _Alignas(32) float eh[MXI8_GC * 8];    /* [group][8 rows] factors 2^(s-127)/2 */
-    int32_t corr[MXI8_TC * MXI8_GC];       /* [token][group] 12*sum(q) */
+/* Rows [r0, r8) through the 8-row tiles; returns r8 (the caller computes
+ * [r8, r1) with its scalar row). mat: a k3_mxfp4 (XK_MX) or k3_qmat. */
+static int xk_rows(int kind, int vnni, const void *mat, const int8_t *xq, const float *xs, int n,
+                   float *y, int r0, int r1) {
+    const k3_mxfp4 *mx = mat;
+    const k3_qmat *qm = mat;
+    const int cols = kind == XK_MX ? mx->cols : qm->cols, ng = cols / 32;
+    const int rows = kind == XK_MX ? mx->rows : qm->rows;
+    const size_t ldp = kind == XK_I8 ? (size_t)cols : (size_t)cols / 2;
+    const uint8_t *wb = kind == XK_MX   ? mx->packed
+                        : kind == XK_I4 ? qm->q4
+                                        : (const uint8_t *)qm->q8;
+    const int r8 = r0 + (r1 - r0) / 8 * 8;
+    if (r8 == r0) return r8;
+    /* nibble kinds: a token chunk's activations in the decoders' order */
+    int8_t *qp = kind != XK_I8 ? k3_kern_scratch((size_t)MXI8_TC * cols) : NULL;
+    _Alignas(32) float eh[MXI8_GC * 8]; /* [group][8 rows] group factors */
+    int32_t corr[MXI8_TC * MXI8_GC];    /* [token][group] bias * sum(q) */
     for (int t0 = 0; t0 < n; t0 += MXI8_TC) {
         const int tn = n - t0 < MXI8_TC ? n - t0 : MXI8_TC;
+        const int8_t *xt = xq + (size_t)t0 * cols; /* the tiles' activations */
+        if (qp) {
+            xk_prep(xt, tn, cols, qp);
+            xt = qp;
+        }
         for (int g0 = 0; g0 < ng; g0 += MXI8_GC) {
             const int gn = ng - g0 < MXI8_GC ? ng - g0 : MXI8_GC;
-            for (int j = 0; j < tn; j++)
-                for (int g = 0; g < gn; g++)
-                    corr[j * MXI8_GC + g] =
-                        mxi8_corr(xq + (size_t)(t0 + j) * cols + (size_t)(g0 + g) * 32);
+            if (kind != XK_I8)
+                for (int j = 0; j < tn; j++)
+                    for (int g = 0; g < gn; g++)
+                        corr[j * MXI8_GC + g] =
+                            mxi8_corr(xq + (size_t)(t0 + j) * cols + (size_t)(g0 + g) * 32,
+                                      kind == XK_MX ? 12 : 8);
             for (int r = r0; r < r8; r += 8) {
-                mxi8_scales8_fn(w->scale + (size_t)r * ng, (size_t)ng, g0, gn, eh);
+                if (kind == XK_MX)
+                    mxi8_scales8_fn(mx->scale + (size_t)r * ng, (size_t)ng, g0, gn, eh);
+                else if (kind == XK_I4)
+                    for (int g = 0; g < gn; g++)
+                        for (int i = 0; i < 8; i++)
+                            eh[g * 8 + i] =
+                                qm->scales[(size_t)(r + i) * (cols / 64) + (g0 + g) / 2];
                 for (int j = 0; j < tn; j += 4) {
                     const int T = tn - j < 4 ? tn - j : 4;
-                    fns[T - 1](w->packed + (size_t)r * ldp, ldp, eh, corr + j * MXI8_GC, MXI8_GC,
-                               xq + (size_t)(t0 + j) * cols, xs + (size_t)(t0 + j) * ng, cols, g0,
-                               gn, y + (size_t)(t0 + j) * w->rows + r, (size_t)w->rows);
+                    xk_fns[kind][vnni][T - 1](wb + (size_t)r * ldp, ldp, eh, corr + j * MXI8_GC,
+                                              MXI8_GC, xt + (size_t)j * cols,
+                                              xs + (size_t)(t0 + j) * ng, cols, g0, gn,
+                                              y + (size_t)(t0 + j) * rows + r, (size_t)rows);
                 }
             }
         }
+        if (kind == XK_I8) /* the row scale last, as the scalar row does */
+            for (int j = 0; j < tn; j++)
+                for (int r = r0; r < r8; r++) y[(size_t)(t0 + j) * rows + r] *= qm->scales[r];
     }
+    return r8;
+}
+
+static void mx_i8_rows(int vnni, const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
+                       float *y, int r0, int r1) {
+    const int cols = w->cols, ng = cols / 32;
+    const size_t ldp = (size_t)cols / 2;
+    const int r8 = xk_rows(XK_MX, vnni, w, xq, xs, n, y, r0, r1);
     for (int r = r8; r < r1; r++)
         for (int t = 0; t < n; t++)
             y[(size_t)t * w->rows + r] =
@@ -482,12 +618,28 @@ static void mx_i8_rows(const mxi8_fn *fns, const k3_mxfp4 *w, const int8_t *xq, 
 
 static void avx2_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
                        int r0, int r1) {
-    mx_i8_rows(mxi8_fns, w, xq, xs, n, y, r0, r1);
+    mx_i8_rows(0, w, xq, xs, n, y, r0, r1);
 }
 
 void k3_mx_i8_rows_vnni256(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
                            int r0, int r1) {
-    mx_i8_rows(mxi8v_fns, w, xq, xs, n, y, r0, r1);
+    mx_i8_rows(1, w, xq, xs, n, y, r0, r1);
+}
+
+static void q8_rows(int vnni, const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y,
+                    int r0, int r1) {
+    const int r8 = xk_rows(m->fmt == K3_QF_I8 ? XK_I8 : XK_I4, vnni, m, xq, xs, n, y, r0, r1);
+    k3_q8_rows_scalar(m, xq, xs, n, y, r8, r1);
+}
+
+static void avx2_q8_rows(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y,
+                         int r0, int r1) {
+    q8_rows(0, m, xq, xs, n, y, r0, r1);
+}
+
+void k3_q8_rows_vnni256(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y,
+                        int r0, int r1) {
+    q8_rows(1, m, xq, xs, n, y, r0, r1);
 }
 
 /* ---- activation quantization (bit-exact with the scalar one) ---- */
@@ -537,5 +689,6 @@ const k3_kern_ops k3_kern_avx2 = {
     .i4_rows = avx2_i4_rows,
     .mx_f32 = avx2_mx_f32,
     .mx_i8 = avx2_mx_i8,
+    .q8_rows = avx2_q8_rows,
     .act_q8 = avx2_act_q8,
 };

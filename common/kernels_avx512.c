@@ -52,6 +52,13 @@ static inline void pf_next(const void *p, size_t block_bytes) {
     _mm_prefetch((const char *)p + block_bytes, _MM_HINT_T1);
 }
 
+/* 4 bytes as an int32 (any alignment) */
+static inline int32_t ld32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
 /* acc + a*b rounded once: the scalar's fmaf(a, b, acc) */
 Z_INL __m512 mul_add(__m512 acc, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, acc); }
 
@@ -68,6 +75,22 @@ Z_INL void dec_nib(const uint8_t *p, __m512 tab, __m512 *ev, __m512 *od) {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     *ev = _mm512_permutexvar_ps(b, tab);
     *od = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), tab);
+}
+
+/* int4 (q + 8 stored): 16 packed bytes -> the values q = nib - 8 of the low
+ * (columns 2k) and high (2k+1) nibbles as floats, without table lookups:
+ * the float with bits 0x4B000000 | nib is exactly 2^23 + nib, so
+ * subtracting 2^23 + 8 leaves nib - 8 exactly. One widening shuffle per
+ * 16 bytes instead of three (vpermps is the scarce port here). */
+Z_INL void dec_i4(const uint8_t *p, __m512 *ev, __m512 *od) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    const __m512i magic = _mm512_set1_epi32(0x4B000000);
+    const __m512 off = _mm512_set1_ps(8388616.0f); /* 2^23 + 8 */
+    /* (b & 15) | magic: ternary logic A&B | C, imm 0xEA */
+    const __m512i lo = _mm512_ternarylogic_epi32(b, _mm512_set1_epi32(15), magic, 0xEA);
+    const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(b, 4), magic);
+    *ev = _mm512_sub_ps(_mm512_castsi512_ps(lo), off);
+    *od = _mm512_sub_ps(_mm512_castsi512_ps(hi), off);
 }
 
 /* Activations into nibble order, per block of 32: [x0 x2 .. x30 | x1 x3 .. x31]. */
@@ -99,7 +122,7 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
                 if (kind == 0)
                     pf_next(wf + (size_t)i * cols + c, (size_t)R * cols * 4);
                 else if ((c & 63) == 0)
-                    pf_next(wq + (size_t)i * cols + c, (size_t)R * cols);
+                    pf_next(wq + (size_t)i * cols + c, 2 * (size_t)R * cols);
             }
         UNROLL for (int i = 0; i < R; i++) w[i] = kind == 0
                                                       ? _mm512_loadu_ps(wf + (size_t)i * cols + c)
@@ -126,7 +149,7 @@ Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, i
     const int cols = m->cols, ng = cols / 64;
     const uint8_t *qb = m->q4 + (size_t)r * (cols / 2);
     const float *sb = m->scales + (size_t)r * ng;
-    const __m512 tab = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512 tab4 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     __m512 acc[4][4];
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] =
         _mm512_setzero_ps();
@@ -138,7 +161,7 @@ Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, i
         UNROLL for (int blk = 0; blk < 2; blk++) {
             __m512 ev[4], od[4];
             UNROLL for (int i = 0; i < R; i++)
-                dec_nib(qb + (size_t)i * (cols / 2) + g * 32 + blk * 16, tab, &ev[i], &od[i]);
+                dec_nib(qb + (size_t)i * (cols / 2) + g * 32 + blk * 16, tab4, &ev[i], &od[i]);
             UNROLL for (int j = 0; j < T; j++) {
                 const float *xb = x + (size_t)j * cols + g * 64 + blk * 32;
                 const __m512 xe = _mm512_loadu_ps(xb), xo = _mm512_loadu_ps(xb + 16);
@@ -279,6 +302,7 @@ static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0,
 /* ---- MXFP4 integer-dot, 16 rows per block ---- */
 
 #define ZI8_T     16 /* tokens per tile (accumulators in registers) */
+#define ZI8_IL    4  /* tokens whose dot chains interleave */
 #define ZI8_MIN_N 3  /* below: k3_mx_i8_rows_vnni256 (the 8-row ymm kernel) is faster */
 
 /* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
@@ -322,19 +346,34 @@ Z_INL void zi8_scales(const uint8_t *scale, size_t ld, int g0, int gn, float *eh
         for (int i = 0; i < 16; i++) eh[g * 16 + i] = k3_e8m0_half[scale[i * ld + g0 + g]];
 }
 
-/* One group of 16 rows: d = 2v (s8), per row [even columns | odd columns],
- * transposed to D[k] = dword k (4 columns) of rows 0..15. Returns
- * -128 * sum(d) per row: the start value that takes back the +128 offset of
- * the u8 activations. */
-Z_INL __m512i zi8_decode(const uint8_t *p, size_t ldp, __m512i D[8]) {
-    const __m256i tab = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0,
-                                         1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+/* The three integer-dot weight kinds of the 16-row kernel. Each is fed to
+ * vpdpbusd as its unsigned operand u = w + bias (w the integer weight), so
+ * the signed activations q can be the {1to16} broadcast memory operand;
+ * bias * sum(q) is taken back per (token, group) by the start value.
+ *   ZK_MX: MXFP4, w = d = 2v (-12..12), bias 12, columns of a group as
+ *          [even | odd] (activations permuted the same way)
+ *   ZK_I4: int4-g64, w = nibble - 8, so u is the nibble, bias 8, [even | odd]
+ *   ZK_I8: int8 per-row, bias 128, columns in order */
+enum { ZK_MX = 0, ZK_I4 = 1, ZK_I8 = 2 };
+static const int zk_bias[3] = {12, 8, 128};
+
+/* One group (32 columns) of 16 rows -> D[k] = dword k (4 columns) of rows
+ * 0..15 as u8. p: the group's first byte of row 0, ldp: row stride, bytes. */
+Z_INL void zk_decode(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
+    const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
     const __m256i sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     __m256i d[16];
     UNROLL for (int i = 0; i < 16; i++) {
+        if (kind == ZK_I8) { /* 32 bytes of the row, + 128 */
+            d[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + i * ldp)),
+                                    _mm256_set1_epi8((char)0x80));
+            continue;
+        }
+        /* 16 packed bytes: low nibbles | high nibbles */
         __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + i * ldp)));
         b = _mm256_and_si256(_mm256_srlv_epi32(b, sh), _mm256_set1_epi8(15));
-        d[i] = _mm256_shuffle_epi8(tab, b);
+        d[i] = kind == ZK_MX ? _mm256_shuffle_epi8(tab, b) : b;
     }
     /* Z[i] = [row i | row i+4], Z[4+i] = [row 8+i | row 12+i]: the 8x8 dword
      * transposes of both halves then give rows 0-3, 4-7, 8-11, 12-15 in the
@@ -354,113 +393,209 @@ Z_INL __m512i zi8_decode(const uint8_t *p, size_t ldp, __m512i D[8]) {
         u[4 * h + 2] = _mm512_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
         u[4 * h + 3] = _mm512_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
     }
-    __m512i sum = _mm512_setzero_si512();
-    const __m512i ones = _mm512_set1_epi8(1);
     UNROLL for (int e = 0; e < 4; e++) {
         D[e] = _mm512_shuffle_i32x4(u[e], u[4 + e], 0x88);
         D[4 + e] = _mm512_shuffle_i32x4(u[e], u[4 + e], 0xDD);
-        sum = _mm512_dpbusd_epi32(sum, ones, D[e]);
-        sum = _mm512_dpbusd_epi32(sum, ones, D[4 + e]);
     }
-    return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7));
 }
 
-/* 16 rows x T tokens, all groups; qp: permuted activations + 128 (u8). */
-Z_INL void zi8_tile(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs, float *eh,
-                    float *y, int T) {
-    const int cols = w->cols, ng = cols / 32;
-    const size_t ldp = (size_t)cols / 2;
+/* Group factors of rows r..r+15 for groups g0..g0+gn-1 (16 floats per
+ * group): MXFP4 2^(s-127)/2, int4 the group-64 scale of the 32-column half.
+ * int8 has none (its row scale comes last). */
+Z_INL void zk_factors(int kind, const void *mat, int r, int g0, int gn, float *eh) {
+    if (kind == ZK_MX) {
+        const k3_mxfp4 *w = mat;
+        const int ng = w->cols / 32;
+        zi8_scales(w->scale + (size_t)r * ng, (size_t)ng, g0, gn, eh);
+    } else if (kind == ZK_I4) {
+        const k3_qmat *m = mat;
+        const int ng64 = m->cols / 64;
+        const float *s4 = m->scales + (size_t)r * ng64;
+        for (int g = 0; g < gn; g++)
+            for (int i = 0; i < 16; i++) eh[g * 16 + i] = s4[(size_t)i * ng64 + (g0 + g) / 2];
+    }
+}
+
+/* isum + sum over 4-byte lanes of u (u8) * the 4 bytes at p (s8), with p
+ * as a {1to16} broadcast memory operand: GCC 12 does not fold the
+ * broadcast of _mm512_dpbusd_epi32 into the instruction, and a separate
+ * vpbroadcastd per dot would double the loop's instructions. */
+Z_INL __m512i dpbusd_bcast(__m512i isum, __m512i u, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(isum) : "v"(u), "m"(*(const int32_t *)p));
+    return isum;
+}
+
+/* 16 rows x T tokens, all groups. Activations group-major (zk_prep):
+ * qp [ng][tn][32] s8, qc [ng][tn] = -bias * sum(q) of the group (the start
+ * value of its integer sum), xs [ng][tn]; this tile's tokens start at
+ * column t of those [tn] rows. y: [T][rows] from row r. Per row the float
+ * part is the scalar's: acc += (float)isum * f, f = factor * sx (int8:
+ * f = sx, and y = acc * s_row at the end). */
+Z_INL void zk_tile(int kind, const void *mat, int r, const int8_t *qp, const int32_t *qc,
+                   const float *xs, int tn, float *eh, float *y, int T) {
+    const k3_mxfp4 *mx = mat;
+    const k3_qmat *qm = mat;
+    const int cols = kind == ZK_MX ? mx->cols : qm->cols, ng = cols / 32;
+    const int rows = kind == ZK_MX ? mx->rows : qm->rows;
+    const size_t ldp = kind == ZK_I8 ? (size_t)cols : (size_t)cols / 2;
+    const uint8_t *wb = kind == ZK_MX   ? mx->packed
+                        : kind == ZK_I4 ? qm->q4
+                                        : (const uint8_t *)qm->q8;
+    const size_t gbytes = kind == ZK_I8 ? 32 : 16; /* one group of one row */
     __m512 acc[ZI8_T];
     UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
-        if ((g & 63) == 0)
-            zi8_scales(w->scale + (size_t)r * ng, (size_t)ng, g, ng - g < 64 ? ng - g : 64, eh);
+        if ((g & 63) == 0) zk_factors(kind, mat, r, g, ng - g < 64 ? ng - g : 64, eh);
         __m512i D[8];
-        const __m512i corr = zi8_decode(w->packed + (size_t)r * ldp + (size_t)g * 16, ldp, D);
-        const __m512 e = _mm512_load_ps(eh + (g & 63) * 16);
-        UNROLL for (int j = 0; j < T; j++) {
-            const uint8_t *q = qp + (size_t)j * cols + (size_t)g * 32;
-            int32_t q4[8];
-            memcpy(q4, q, 32);
-            /* the sum starts at -128*sum(d): what remains is sum(q*d), exact */
-            __m512i isum = corr;
-            UNROLL for (int k = 0; k < 8; k++) isum =
-                _mm512_dpbusd_epi32(isum, _mm512_set1_epi32(q4[k]), D[k]);
-            const __m512 f = _mm512_mul_ps(e, _mm512_set1_ps(xs[(size_t)j * ng + g]));
-            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), f));
+        const uint8_t *wg = wb + (size_t)r * ldp + (size_t)g * gbytes;
+        zk_decode(kind, wg, ldp, D);
+        const __m512 e = kind == ZK_I8 ? _mm512_setzero_ps() : _mm512_load_ps(eh + (g & 63) * 16);
+        const int8_t *qg = qp + (size_t)g * tn * 32;
+        const int32_t *cg = qc + (size_t)g * tn;
+        const float *sg = xs + (size_t)g * tn;
+        /* tokens in groups of ZI8_IL, their dot chains interleaved (each
+         * vpdpbusd depends on the previous one of its token) */
+        UNROLL for (int j0 = 0; j0 < T; j0 += ZI8_IL) {
+            const int jn = T < j0 + ZI8_IL ? T : j0 + ZI8_IL;
+            __m512i isum[ZI8_IL];
+            /* sum((w + bias) q) - bias sum(q) = sum(w q), exact */
+            UNROLL for (int j = j0; j < jn; j++) isum[j - j0] = _mm512_set1_epi32(cg[j]);
+            UNROLL for (int k = 0; k < 8; k++) UNROLL for (int j = j0; j < jn; j++) isum[j - j0] =
+                dpbusd_bcast(isum[j - j0], D[k], qg + j * 32 + 4 * k);
+            UNROLL for (int j = j0; j < jn; j++) {
+                const __m512 sx = _mm512_set1_ps(sg[j]);
+                const __m512 f = kind == ZK_I8 ? sx : _mm512_mul_ps(e, sx);
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[j - j0]), f));
+            }
         }
     }
-    UNROLL for (int j = 0; j < T; j++) _mm512_storeu_ps(y + (size_t)j * w->rows, acc[j]);
+    if (kind == ZK_I8) {
+        const __m512 srow = _mm512_loadu_ps(qm->scales + r);
+        UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_mul_ps(acc[j], srow);
+    }
+    UNROLL for (int j = 0; j < T; j++) _mm512_storeu_ps(y + (size_t)j * rows, acc[j]);
 }
 
-#define ZI8_TILE_FN(T)                                                                             \
-    static Z_FN void zi8_##T(const k3_mxfp4 *w, int r, const uint8_t *qp, const float *xs,         \
-                             float *eh, float *y) {                                                \
-        zi8_tile(w, r, qp, xs, eh, y, T);                                                          \
+typedef void (*zk_fn)(const void *, int, const int8_t *, const int32_t *, const float *, int,
+                      float *, float *);
+#define ZK_TILE_FN(NAME, KIND, T)                                                                  \
+    static Z_FN void NAME##_##T(const void *mat, int r, const int8_t *qp, const int32_t *qc,       \
+                                const float *xs, int tn, float *eh, float *y) {                    \
+        zk_tile(KIND, mat, r, qp, qc, xs, tn, eh, y, T);                                           \
     }
-ZI8_TILE_FN(1)
-ZI8_TILE_FN(2)
-ZI8_TILE_FN(3)
-ZI8_TILE_FN(4)
-ZI8_TILE_FN(5)
-ZI8_TILE_FN(6)
-ZI8_TILE_FN(7)
-ZI8_TILE_FN(8)
-ZI8_TILE_FN(9)
-ZI8_TILE_FN(10)
-ZI8_TILE_FN(11)
-ZI8_TILE_FN(12)
-ZI8_TILE_FN(13)
-ZI8_TILE_FN(14)
-ZI8_TILE_FN(15)
-ZI8_TILE_FN(16)
-typedef void (*zi8_fn)(const k3_mxfp4 *, int, const uint8_t *, const float *, float *, float *);
-static const zi8_fn zi8_fns[ZI8_T] = {zi8_1,  zi8_2,  zi8_3,  zi8_4,  zi8_5,  zi8_6,
-                                      zi8_7,  zi8_8,  zi8_9,  zi8_10, zi8_11, zi8_12,
-                                      zi8_13, zi8_14, zi8_15, zi8_16};
+#define ZK_TILE_FNS(NAME, KIND)                                                                    \
+    ZK_TILE_FN(NAME, KIND, 1)                                                                      \
+    ZK_TILE_FN(NAME, KIND, 2)                                                                      \
+    ZK_TILE_FN(NAME, KIND, 3)                                                                      \
+    ZK_TILE_FN(NAME, KIND, 4)                                                                      \
+    ZK_TILE_FN(NAME, KIND, 5)                                                                      \
+    ZK_TILE_FN(NAME, KIND, 6)                                                                      \
+    ZK_TILE_FN(NAME, KIND, 7)                                                                      \
+    ZK_TILE_FN(NAME, KIND, 8)                                                                      \
+    ZK_TILE_FN(NAME, KIND, 9)                                                                      \
+    ZK_TILE_FN(NAME, KIND, 10)                                                                     \
+    ZK_TILE_FN(NAME, KIND, 11)                                                                     \
+    ZK_TILE_FN(NAME, KIND, 12)                                                                     \
+    ZK_TILE_FN(NAME, KIND, 13)                                                                     \
+    ZK_TILE_FN(NAME, KIND, 14)                                                                     \
+    ZK_TILE_FN(NAME, KIND, 15)                                                                     \
+    ZK_TILE_FN(NAME, KIND, 16)                                                                     \
+    static const zk_fn NAME##_fns[ZI8_T] = {                                                       \
+        NAME##_1, NAME##_2,  NAME##_3,  NAME##_4,  NAME##_5,  NAME##_6,  NAME##_7,  NAME##_8,      \
+        NAME##_9, NAME##_10, NAME##_11, NAME##_12, NAME##_13, NAME##_14, NAME##_15, NAME##_16};
+ZK_TILE_FNS(zkmx, ZK_MX)
+ZK_TILE_FNS(zki4, ZK_I4)
+ZK_TILE_FNS(zki8, ZK_I8)
 
-/* q [n][cols] -> qp: per group [even columns | odd columns], + 128 as u8 */
-static Z_FN void zi8_prep(const int8_t *q, int n, int cols, uint8_t *qp) {
+/* q [n][cols], s [n][cols/32] -> group-major: qp [ng][n][32] (s8; the
+ * group's columns as [even | odd] when perm), qc [ng][n] = -bias * sum of
+ * the group's q, xt [ng][n] = s */
+static Z_FN void zk_prep(const int8_t *q, const float *s, int n, int cols, int perm, int bias,
+                         int8_t *qp, int32_t *qc, float *xt) {
+    const int ng = cols / 32;
     const __m256i idx = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
                                          4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    const __m256i bias = _mm256_set1_epi8((char)0x80);
-    for (size_t i = 0; i < (size_t)n * cols; i += 32) {
-        __m256i v = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(q + i)), idx);
-        v = _mm256_xor_si256(_mm256_permute4x64_epi64(v, 0xD8), bias);
-        _mm256_store_si256((__m256i *)(qp + i), v);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int t = 0; t < n; t++)
+        for (int g = 0; g < ng; g++) {
+            const size_t o = (size_t)g * n + t;
+            const __m256i raw =
+                _mm256_loadu_si256((const __m256i *)(q + (size_t)t * cols + g * 32));
+            __m256i v = raw;
+            if (perm) v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(raw, idx), 0xD8);
+            _mm256_store_si256((__m256i *)(qp + o * 32), v);
+            /* sum of 32 s8: sign-extend to 16 bits, pairwise to 32, then fold */
+            const __m256i s16 =
+                _mm256_add_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw)),
+                                 _mm256_cvtepi8_epi16(_mm256_extracti128_si256(raw, 1)));
+            const __m256i s32 = _mm256_madd_epi16(s16, ones);
+            __m128i h =
+                _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+            h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+            qc[o] = -bias * _mm_cvtsi128_si32(h);
+            xt[o] = s[(size_t)t * ng + g];
+        }
+}
+
+/* Rows [r0, r16) in blocks of 16 through the tiles, in token chunks under
+ * the scratch cap and balanced token tiles (20 tokens run as 10 + 10, not
+ * 16 + 4). Returns r16; the caller computes rows [r16, r1) with its
+ * scalar row. */
+static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, int cols,
+                   const int8_t *xq, const float *xs, int n, float *y, int r0, int r1) {
+    const int ng = cols / 32;
+    const int r16 = r0 + (r1 - r0) / 16 * 16;
+    if (r16 == r0) return r16;
+    /* per token: cols activation bytes, ng start values, ng scales */
+    const size_t per_tok = (size_t)cols + (size_t)ng * (sizeof(int32_t) + sizeof(float));
+    const int tch = k3_kern_chunk(n, per_tok);
+    int8_t *qp = k3_kern_scratch((size_t)tch * per_tok);
+    _Alignas(64) float eh[64 * 16];
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        int32_t *qc = (int32_t *)(qp + (size_t)tn * cols); /* cols % 32 == 0: aligned */
+        float *xt = (float *)(qc + (size_t)tn * ng);
+        zk_prep(xq + (size_t)t0 * cols, xs + (size_t)t0 * ng, tn, cols, kind != ZK_I8,
+                zk_bias[kind], qp, qc, xt);
+        for (int r = r0; r < r16; r += 16)
+            for (int t = 0, tiles = (tn + ZI8_T - 1) / ZI8_T; t < tn;) {
+                const int T = (tn - t + tiles - 1) / tiles;
+                tiles--;
+                fns[T - 1](mat, r, qp + (size_t)t * 32, qc + t, xt + t, tn, eh,
+                           y + (size_t)(t0 + t) * rows + r);
+                t += T;
+            }
     }
+    return r16;
 }
 
 static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y, int r0,
                     int r1) {
-    const int cols = w->cols, ng = cols / 32;
-    const size_t ldp = (size_t)cols / 2;
-    const int r16 = r0 + (r1 - r0) / 16 * 16; /* rows [r16, r1) go to the scalar row */
     if (n < ZI8_MIN_N) {
         k3_mx_i8_rows_vnni256(w, xq, xs, n, y, r0, r1);
         return;
     }
-    const int tch = k3_kern_chunk(n, (size_t)cols);
-    uint8_t *qp = r16 > r0 ? k3_kern_scratch((size_t)tch * cols) : NULL;
-    _Alignas(64) float eh[64 * 16];
-    for (int t0 = 0; t0 < n && r16 > r0; t0 += tch) {
-        const int tn = n - t0 < tch ? n - t0 : tch;
-        zi8_prep(xq + (size_t)t0 * cols, tn, cols, qp);
-        for (int r = r0; r < r16; r += 16)
-            for (int t = 0, tiles = (tn + ZI8_T - 1) / ZI8_T; t < tn;) {
-                /* balanced tiles: 20 tokens run as 10 + 10, not 16 + 4 */
-                const int T = (tn - t + tiles - 1) / tiles;
-                tiles--;
-                zi8_fns[T - 1](w, r, qp + (size_t)t * cols, xs + (size_t)(t0 + t) * ng, eh,
-                               y + (size_t)(t0 + t) * w->rows + r);
-                t += T;
-            }
-    }
+    const int cols = w->cols, ng = cols / 32;
+    const size_t ldp = (size_t)cols / 2;
+    const int r16 = zk_rows(ZK_MX, zkmx_fns, w, w->rows, cols, xq, xs, n, y, r0, r1);
     for (int r = r16; r < r1; r++)
         for (int t = 0; t < n; t++)
             y[(size_t)t * w->rows + r] =
                 k3_mx_i8_row_scalar(w->packed + (size_t)r * ldp, w->scale + (size_t)r * ng, cols,
                                     xq + (size_t)t * cols, xs + (size_t)t * ng);
+}
+
+static void z_q8_rows(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y, int r0,
+                      int r1) {
+    if (n < ZI8_MIN_N) {
+        k3_q8_rows_vnni256(m, xq, xs, n, y, r0, r1);
+        return;
+    }
+    const int kind = m->fmt == K3_QF_I8 ? ZK_I8 : ZK_I4;
+    const int r16 = zk_rows(kind, kind == ZK_I8 ? zki8_fns : zki4_fns, m, m->rows, m->cols, xq, xs,
+                            n, y, r0, r1);
+    k3_q8_rows_scalar(m, xq, xs, n, y, r16, r1);
 }
 
 /* ---- activation quantization (bit-exact with the scalar one) ---- */
@@ -502,4 +637,5 @@ const k3_kern_ops k3_kern_avx512 = {
     .mx_f32 = z_mx_f32,
     .mx_i8 = z_mx_i8,
     .act_q8 = z_act_q8,
+    .q8_rows = z_q8_rows,
 };

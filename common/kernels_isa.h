@@ -24,6 +24,8 @@ typedef struct k3_kern_ops {
     void (*mx_i8)(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y, int r0,
                   int r1);
     void (*act_q8)(const float *x, int n, int cols, int8_t *q, float *s);
+    void (*q8_rows)(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y, int r0,
+                    int r1); /* dense integer-dot (I8 and I4G64) */
 } k3_kern_ops;
 
 extern const k3_kern_ops k3_kern_scalar;
@@ -41,11 +43,20 @@ extern const int8_t k3_e2m1_x2[16];
 float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols, const int8_t *xq,
                           const float *xs);
 
+/* The scalar dense integer-dot row (k3_qmat_matmul_q8_rows): backends use
+ * it for tail rows and levels without a vector version. */
+float k3_q8_row_scalar(const k3_qmat *m, int r, const int8_t *xq, const float *xs);
+void k3_q8_rows_scalar(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y, int r0,
+                       int r1);
+
 /* The AVX2 integer-dot kernel with vpdpbusd on ymm (needs AVX-512 VL + VNNI):
  * the AVX-512 level's choice for small n, where its 16-row transposed kernel
  * spends more on shuffles than it saves. Same bits as every level. */
 void k3_mx_i8_rows_vnni256(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
                            int r0, int r1);
+/* The same 8-row ymm kernel for the dense integer-dot formats (I8, I4G64). */
+void k3_q8_rows_vnni256(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y,
+                        int r0, int r1);
 
 /* A per-thread buffer of at least `bytes`, 64-byte aligned, valid until the
  * next call on the same thread. Aborts on OOM (sizes are the kernels' own).

@@ -317,6 +317,7 @@ static void run_job(k3_model *m, load_job *j) {
             k3_qmat_free(&q);
             q = q4;
         }
+        q.idot = m->opts.dense_idot; /* used by int8 / int4 matrices only */
         *j->mat = q;
         return;
     }
@@ -343,6 +344,7 @@ static void run_job(k3_model *m, load_job *j) {
         k3_qmat_quantize(&q, w, j->rows, j->cols, j->bits);
         free(w);
     }
+    q.idot = m->opts.dense_idot;
     *j->mat = q;
 }
 

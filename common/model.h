@@ -39,6 +39,8 @@ typedef struct k3_model_opts {
     int head_bits;          /* K3_HEAD_BITS (default 8) */
     int bits_explicit;      /* K3_BITS given explicitly (int8 container downcast) */
     int idot;               /* K3_IDOT: 1 = int8-activation expert kernels */
+    int dense_idot;         /* K3_DENSE_IDOT: 1 = int8-activation kernels for the int8 /
+                               int4 dense matrices too (not spec 4.2's float activations) */
     int threads;            /* compute threads (pool size), >= 1 */
     double expert_gb;       /* K3_EXPERT_GB routed-expert cache budget */
     int direct;             /* K3_DIRECT: O_DIRECT expert reads */

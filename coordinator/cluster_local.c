@@ -170,14 +170,18 @@ k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
         cl_fmt(v[9], 64, "--direct=%d", mo->direct ? 1 : 0);
         cl_fmt(v[10], 64, "%d", c->o.max_sessions);
         cl_fmt(v[11], 64, "%d", c->o.max_ctx);
+        cl_fmt(v[12], 64, "--dense-idot=%d", mo->dense_idot ? 1 : 0);
         const char *argv[64 + 32];
         int n = 0;
-        const char *fixed[] = {bin,           "--model",   mo->model_dir, "--layers",   v[0],
-                               "--listen",    s->endpoint, "--name",      v[1],         "--hb-ms",
-                               v[2],          "--bits",    v[3],          "--mla-bits", v[4],
-                               "--head-bits", v[5],        v[6],          "--threads",  v[7],
-                               "--expert-gb", v[8],        v[9]};
+        const char *fixed[] = {
+            bin,         "--model",     mo->model_dir, "--layers", v[0],  "--listen",
+            s->endpoint, "--name",      v[1],          "--hb-ms",  v[2],  "--mla-bits",
+            v[4],        "--head-bits", v[5],          v[6],       v[12], "--threads",
+            v[7],        "--expert-gb", v[8],          v[9]};
         for (size_t k = 0; k < sizeof fixed / sizeof fixed[0]; k++) argv[n++] = fixed[k];
+        /* --bits only when the coordinator's was explicit: a given K3_BITS
+         * downcasts a repacked int8 container, the default does not */
+        if (mo->bits_explicit) argv[n++] = "--bits", argv[n++] = v[3];
         if (c->o.exact) argv[n++] = "--exact";
         if (c->o.max_sessions > 0) argv[n++] = "--max-sessions", argv[n++] = v[10];
         if (c->o.max_ctx > 0) argv[n++] = "--max-ctx", argv[n++] = v[11];

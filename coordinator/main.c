@@ -26,6 +26,7 @@
 #include "cluster.h"
 #include "cmd_tokenize.h"
 #include "common/config.h"
+#include "common/engine_opts.h"
 #include "common/err.h"
 #include "common/experts.h"
 #include "common/limits.h"
@@ -40,31 +41,20 @@
 /* ---- the option table -------------------------------------------------- */
 
 typedef struct coord_opts {
-    char *model;      /* model directory */
-    int local;        /* 0 = in-process, N > 0 = N local worker processes */
-    char *ids;        /* raw ids "5,7,9" (no BOS) */
-    int ngen;         /* tokens to generate */
-    int exact;        /* bits 32/32/32, idot 0 */
-    int chunk;        /* prefill chunk, tokens */
-    double temp;      /* 0 = greedy */
-    double top_p;     /* nucleus mass */
-    int seed;         /* sampler seed */
-    int print_ids;    /* "ids: ..." line */
-    char *all_logits; /* file: f32 [T][vocab] */
-    char *trace;      /* file: f32 [n_layers][T][D] */
-    int threads;      /* 0 = online CPUs */
-    k3_opt_list dirs; /* extra shard directories */
-    int stats;        /* expert / memory statistics at the end */
-    int bits, mla_bits, head_bits;
-    int idot;
-    double expert_gb;
-    int direct, pipe, load_threads;
-    double expert_topp;
-    char *usage;    /* expert usage history file; NULL = <model>/.k3_usage, "off" = none */
-    int usage_save; /* save it at exit */
-    int max_ctx;    /* 0 = prompt + ngen */
-    int layers;     /* 0 = all */
-    int think;      /* chat mode: open the think channel */
+    k3_engine_opts eng; /* model, numerics, threads, expert cache (common/engine_opts.h) */
+    int local;          /* 0 = in-process, N > 0 = N local worker processes */
+    char *ids;          /* raw ids "5,7,9" (no BOS) */
+    int ngen;           /* tokens to generate */
+    int chunk;          /* prefill chunk, tokens */
+    double temp;        /* 0 = greedy */
+    double top_p;       /* nucleus mass */
+    int seed;           /* sampler seed */
+    int print_ids;      /* "ids: ..." line */
+    char *all_logits;   /* file: f32 [T][vocab] */
+    char *trace;        /* file: f32 [n_layers][T][D] */
+    int stats;          /* expert / memory statistics at the end */
+    int max_ctx;        /* 0 = prompt + ngen */
+    int think;          /* chat mode: open the think channel */
     /* cluster (coordinator/cluster.h) */
     k3_opt_list workers; /* remote worker endpoints; none = --local workers */
     int hb_ms;           /* heartbeat interval; TTL = 3 x */
@@ -78,19 +68,14 @@ typedef struct coord_opts {
 } coord_opts;
 
 /* The one table of the program. Order is --help order: what a user needs
- * first (model, prompt, generation), then numerics, then tuning. Variables
- * keep the seed engine's names (K3_BITS, K3_CHUNK, COLI_TEMP, ...) so
- * existing scripts keep working; flags beat variables, variables beat the
- * defaults, and the defaults are spec 4.2 / interfaces 6.2's. */
+ * first (model, prompt, generation), then the engine's numerics and tuning
+ * (the rows shared with k3-worker, common/engine_opts.h), then the cluster.
+ * Variables keep the seed engine's names (K3_BITS, K3_CHUNK, COLI_TEMP, ...)
+ * so existing scripts keep working; flags beat variables, variables beat
+ * the defaults, and the defaults are spec 4.2 / interfaces 6.2's. */
 #define O(f) offsetof(coord_opts, f)
 static const k3_opt coord_table[] = {
-    {.name = "model",
-     .flag = "--model",
-     .env = "K3_MODEL",
-     .type = K3_OPT_STRING,
-     .offset = O(model),
-     .metavar = "DIR",
-     .help = "checkpoint directory (config.json, shards, tokenizer)"},
+    K3_ENGINE_OPT_MODEL(coord_opts, eng),
     {.name = "local",
      .flag = "--local",
      .env = "K3_LOCAL",
@@ -117,12 +102,6 @@ static const k3_opt coord_table[] = {
      .max = K3_MAX_NGEN,
      .metavar = "N",
      .help = "tokens to generate"},
-    {.name = "exact",
-     .flag = "--exact",
-     .type = K3_OPT_BOOL,
-     .offset = O(exact),
-     .help = "f32 weights and exact-float experts (= K3_BITS=32 K3_MLA_BITS=32 K3_HEAD_BITS=32 "
-             "K3_IDOT=0)"},
     {.name = "chunk",
      .flag = "--chunk",
      .env = "K3_CHUNK",
@@ -184,123 +163,12 @@ static const k3_opt coord_table[] = {
      .offset = O(trace),
      .metavar = "FILE",
      .help = "write f32 [n_layers][T][D] hidden after every layer, prompt positions"},
-    {.name = "threads",
-     .flag = "--threads",
-     .env = "K3_THREADS",
-     .type = K3_OPT_INT,
-     .offset = O(threads),
-     .def = "0",
-     .min = 0,
-     .max = K3_MAX_THREADS,
-     .metavar = "N",
-     .help = "compute threads, 0 = online CPUs"},
-    {.name = "dirs",
-     .flag = "--dirs",
-     .env = "K3_DIRS",
-     .type = K3_OPT_LIST,
-     .offset = O(dirs),
-     .max = K3_MAX_DIRS,
-     .metavar = "A,B",
-     .help = "extra shard directories"},
     {.name = "stats",
      .flag = "--stats",
      .env = "K3_STATS",
      .type = K3_OPT_BOOL,
      .offset = O(stats),
      .help = "expert cache, read and memory statistics at the end"},
-    {.name = "bits",
-     .flag = "--bits",
-     .env = "K3_BITS",
-     .type = K3_OPT_INT,
-     .offset = O(bits),
-     .def = "4",
-     .n_choices = 3,
-     .choices = {4, 8, 32},
-     .metavar = "B",
-     .help = "load-time bits of KDA, latent, shared and dense matrices"},
-    {.name = "mla_bits",
-     .flag = "--mla-bits",
-     .env = "K3_MLA_BITS",
-     .type = K3_OPT_INT,
-     .offset = O(mla_bits),
-     .def = "8",
-     .n_choices = 3,
-     .choices = {4, 8, 32},
-     .metavar = "B",
-     .help = "load-time bits of MLA projections"},
-    {.name = "head_bits",
-     .flag = "--head-bits",
-     .env = "K3_HEAD_BITS",
-     .type = K3_OPT_INT,
-     .offset = O(head_bits),
-     .def = "8",
-     .n_choices = 3,
-     .choices = {4, 8, 32},
-     .metavar = "B",
-     .help = "load-time bits of lm_head"},
-    {.name = "idot",
-     .flag = "--idot",
-     .env = "K3_IDOT",
-     .type = K3_OPT_BOOL,
-     .offset = O(idot),
-     .def = "1",
-     .help = "int8-activation expert kernels (0 = exact float)"},
-    {.name = "expert_gb",
-     .flag = "--expert-gb",
-     .env = "K3_EXPERT_GB",
-     .type = K3_OPT_DOUBLE,
-     .offset = O(expert_gb),
-     .def = "8",
-     .min = 0,
-     .max = 65536,
-     .metavar = "GB",
-     .help = "routed-expert cache budget"},
-    {.name = "direct",
-     .env = "K3_DIRECT",
-     .type = K3_OPT_BOOL,
-     .offset = O(direct),
-     .def = "1",
-     .help = "O_DIRECT expert reads (0 = buffered)"},
-    {.name = "pipe",
-     .env = "K3_PIPE",
-     .type = K3_OPT_BOOL,
-     .offset = O(pipe),
-     .def = "1",
-     .help = "overlap expert reads with compute"},
-    {.name = "load_threads",
-     .env = "K3_LOAD_THREADS",
-     .type = K3_OPT_INT,
-     .offset = O(load_threads),
-     .def = "4",
-     .min = 1,
-     .max = K3_MAX_LOAD_THREADS,
-     .metavar = "N",
-     .help = "expert loader threads"},
-    {.name = "expert_topp",
-     .env = "K3_TOPP",
-     .type = K3_OPT_DOUBLE,
-     .offset = O(expert_topp),
-     .def = "0",
-     .min = 0,
-     .max = 1,
-     .metavar = "P",
-     .help = "keep routed experts up to this cumulative weight (0 = all)"},
-    {.name = "usage",
-     .flag = "--usage",
-     .env = "K3_USAGE",
-     .env_alias = "COLI_USAGE",
-     .type = K3_OPT_STRING,
-     .offset = O(usage),
-     .metavar = "PATH",
-     .help = "expert usage history: warms the cache at start, saved at exit (default "
-             "<model>/.k3_usage; off = none; local workers inherit it)"},
-    {.name = "usage_save",
-     .env = "K3_USAGE_SAVE",
-     .env_alias = "USAGE_SAVE",
-     .type = K3_OPT_BOOL,
-     .offset = O(usage_save),
-     .def = "1",
-     .help = "save the expert usage history at exit (0 = read only)"},
     {.name = "max_ctx",
      .flag = "--max-ctx",
      .env = "K3_MAXT",
@@ -311,21 +179,13 @@ static const k3_opt coord_table[] = {
      .max = K3_MAX_CTX,
      .metavar = "N",
      .help = "context capacity in tokens, 0 = prompt + ngen"},
-    {.name = "layers",
-     .env = "K3_LAYERS",
-     .type = K3_OPT_INT,
-     .offset = O(layers),
-     .def = "0",
-     .min = 0,
-     .max = K3_MAX_LAYERS,
-     .metavar = "N",
-     .help = "truncate the stack to N layers (no head: trace only), 0 = all"},
     {.name = "think",
      .env = "K3_THINK",
      .type = K3_OPT_BOOL,
      .offset = O(think),
      .def = "1",
      .help = "chat mode: open the think channel (0 = response only)"},
+    K3_ENGINE_OPT_ROWS(coord_opts, eng),
     {.name = "workers",
      .flag = "--workers",
      .env = "K3_WORKERS",
@@ -565,7 +425,7 @@ static k3_status open_trunk(const coord_opts *o, k3_model *m, const k3_model_opt
     co.n_workers = o->workers.n;
     co.local = o->local;
     co.model = mo;
-    co.exact = o->exact;
+    co.exact = o->eng.exact;
     co.max_sessions = o->max_sessions;
     co.hb_ms = o->hb_ms;
     co.step_timeout_ms = o->step_timeout_ms;
@@ -615,7 +475,6 @@ int main(int argc, char **argv) {
     token_sink tsink = {0};
     logits_sink lsink = {0};
     trace_sink trsink = {.fd = -1};
-    const char **dirs = NULL;
     k3_status st;
 
     memset(&o, 0, sizeof o);
@@ -627,7 +486,7 @@ int main(int argc, char **argv) {
         goto done;
     }
     /* usage checks that need more than one option */
-    if (!st && !o.model)
+    if (!st && !o.eng.model)
         st = k3_errf(K3_ERR_ARG, err, sizeof err, "--model: missing (the checkpoint directory)");
     if (!st && n_pos > 1)
         st = k3_errf(K3_ERR_ARG, err, sizeof err,
@@ -636,22 +495,8 @@ int main(int argc, char **argv) {
         st = k3_errf(K3_ERR_ARG, err, sizeof err, "give a prompt or --ids, not both");
     if (!st && n_pos == 0 && !o.ids)
         st = k3_errf(K3_ERR_ARG, err, sizeof err, "no prompt: give a prompt text or --ids");
-    if (!st && o.exact) {
-        /* --exact means all-f32; an explicit conflicting flag is a mistake */
-        const char *names[] = {"bits", "mla_bits", "head_bits"};
-        for (int i = 0; i < 3 && !st; i++) {
-            int k = k3_opts_find(coord_table, N_COORD_OPTS, names[i]);
-            int v = *(int *)((char *)&o + coord_table[k].offset);
-            if (src[k] == K3_OPT_SRC_FLAG && v != 32)
-                st = k3_errf(K3_ERR_ARG, err, sizeof err, "--exact conflicts with %s %d",
-                             coord_table[k].flag, v);
-        }
-        int k = k3_opts_find(coord_table, N_COORD_OPTS, "idot");
-        if (!st && src[k] == K3_OPT_SRC_FLAG && o.idot)
-            st = k3_errf(K3_ERR_ARG, err, sizeof err, "--exact conflicts with --idot");
-        o.bits = o.mla_bits = o.head_bits = 32;
-        o.idot = 0;
-    }
+    /* --exact means all-f32; an explicit conflicting flag is a mistake */
+    if (!st) st = k3_engine_opts_resolve(&o.eng, coord_table, N_COORD_OPTS, src, err, sizeof err);
     if (!st && o.ids) st = parse_ids(o.ids, &prompt, &n_prompt, err, sizeof err);
     if (st) {
         fprintf(stderr, "k3-coordinator: %s\n", err);
@@ -664,48 +509,26 @@ int main(int argc, char **argv) {
      * cluster path will open the globals only (layer_a = n_layers). */
     k3_model_opts mo;
     k3_model_opts_default(&mo);
-    dirs = k3_xcalloc((size_t)o.dirs.n + 1, sizeof *dirs);
-    for (int i = 0; i < o.dirs.n; i++) dirs[i] = o.dirs.items[i];
-    mo.model_dir = o.model;
-    mo.dirs = dirs;
-    mo.n_dirs = o.dirs.n;
+    /* the usage history: <model>/.k3_usage unless given, "off" = none */
+    char usage_path[4200];
+    k3_engine_opts_model(&o.eng, &mo, usage_path, sizeof usage_path);
     mo.layer_a = 0;
     mo.layer_b = 0; /* all */
     if (o.workers.n > 0 || o.local > 0) {
         /* the layers run in the workers: only the global tensors here */
         k3_config c0;
-        if ((st = k3_config_load(&c0, o.model, o.layers, err, sizeof err))) goto fail;
+        if ((st = k3_config_load(&c0, o.eng.model, o.eng.max_layers, err, sizeof err))) goto fail;
         mo.layer_a = c0.n_layers;
     }
     mo.want_global = 1;
-    mo.max_layers = o.layers;
-    mo.bits = o.bits;
-    mo.mla_bits = o.mla_bits;
-    mo.head_bits = o.head_bits;
     mo.bits_explicit = src[k3_opts_find(coord_table, N_COORD_OPTS, "bits")] != K3_OPT_SRC_DEFAULT;
-    mo.idot = o.idot;
-    if (o.threads > 0) mo.threads = o.threads;
-    mo.expert_gb = o.expert_gb;
-    mo.direct = o.direct;
-    mo.pipe = o.pipe;
-    mo.load_threads = o.load_threads;
-    mo.topp = o.expert_topp;
-    /* the usage history: <model>/.k3_usage unless given; "off" (or "")
-     * means none. Local workers read K3_USAGE / K3_USAGE_SAVE from the
-     * inherited environment, so the flag is exported for them (no thread
-     * runs yet, setenv is safe). */
-    char usage_path[4200];
-    if (!o.usage)
-        snprintf(usage_path, sizeof usage_path, "%s/.k3_usage", o.model);
-    else
-        snprintf(usage_path, sizeof usage_path, "%s", o.usage);
-    int usage_on = strcmp(usage_path, "off") != 0 && usage_path[0] != 0;
-    mo.usage_path = usage_on ? usage_path : NULL;
-    mo.usage_save = o.usage_save;
+    /* Local workers read K3_USAGE / K3_USAGE_SAVE from the inherited
+     * environment, so a --usage flag is exported for them (no thread runs
+     * yet, setenv is safe). */
     if (src[k3_opts_find(coord_table, N_COORD_OPTS, "usage")] == K3_OPT_SRC_FLAG)
-        setenv("K3_USAGE", usage_on ? usage_path : "off", 1);
+        setenv("K3_USAGE", mo.usage_path ? mo.usage_path : "off", 1);
     mo.verbose = k3_log_enabled(K3_LOG_INFO); /* per-layer load lines */
-    K3_INFO("loading %s (bits %d/%d/%d, idot %d, %d threads)", o.model, mo.bits, mo.mla_bits,
+    K3_INFO("loading %s (bits %d/%d/%d, idot %d, %d threads)", o.eng.model, mo.bits, mo.mla_bits,
             mo.head_bits, mo.idot, mo.threads);
     double t_load = k3_now_ms();
     if ((st = k3_model_open(&model, &mo, err, sizeof err))) goto fail;
@@ -726,16 +549,16 @@ int main(int argc, char **argv) {
 
     /* ---- tokenizer and prompt ----
      * A broken tokenizer is an error; a missing one only means ids out. */
-    if (file_exists(o.model, "tiktoken.model")) {
-        if ((st = k3_tok_open_dir(&tok, o.model, cfg->vocab, err, sizeof err))) goto fail;
+    if (file_exists(o.eng.model, "tiktoken.model")) {
+        if ((st = k3_tok_open_dir(&tok, o.eng.model, cfg->vocab, err, sizeof err))) goto fail;
     } else {
-        K3_INFO("no tokenizer in %s (tiktoken.model): output is ids", o.model);
+        K3_INFO("no tokenizer in %s (tiktoken.model): output is ids", o.eng.model);
     }
     if (!prompt) {
         if (!tok) {
             st = k3_errf(K3_ERR_MISSING, err, sizeof err,
                          "text prompt given but %s has no tokenizer (tiktoken.model): use --ids",
-                         o.model);
+                         o.eng.model);
             goto fail;
         }
         k3_tok_ids v = {0};
@@ -925,7 +748,6 @@ done:
         K3_WARN("expert usage history not saved: %s", err);
     k3_model_close(&model);
     free(prompt);
-    free(dirs);
     free(pos);
     k3_opts_free(coord_table, N_COORD_OPTS, &o);
     return rc;

@@ -620,6 +620,7 @@ void k3_link_numerics(const k3_model_opts *o, int exact, proto_numerics *out) {
     out->mla_bits = (uint32_t)o->mla_bits;
     out->head_bits = (uint32_t)o->head_bits;
     out->idot = o->idot != 0;
+    out->dense_idot = o->dense_idot != 0;
     out->isa = (uint32_t)k3_isa_active();
     out->exact = exact != 0;
 }

@@ -30,7 +30,7 @@
 #include "proto/proto.h"
 
 /* Build identity sent in HELLO / HELLO_OK (logged, never compared). */
-#define K3_LINK_BUILD "k3shard proto 1.0"
+#define K3_LINK_BUILD "k3shard proto 1.1"
 
 /* Default heartbeat interval (HB). TTL = 3 x HB (RELIABILITY.md 8). */
 #define K3_LINK_HB_MS_DEFAULT 1000

@@ -74,6 +74,7 @@ typedef enum field_kind {
 
 #define FD_STATS 1u /* member of FORWARD_DONE's all-or-none stats group */
 #define FD_BITS  2u /* value must be 4, 8 or 32 */
+#define FD_V11   4u /* added in 1.1: a 1.0 sender omits it (decoded as 0 / false) */
 
 typedef struct field_desc {
     const char *key; /* wire key */
@@ -106,8 +107,9 @@ typedef struct field_desc {
     {"bits", FK_U32, FD_BITS, OFF(s.num.bits), 0, 4, 32, NULL},                                    \
         {"mla_bits", FK_U32, FD_BITS, OFF(s.num.mla_bits), 0, 4, 32, NULL},                        \
         {"head_bits", FK_U32, FD_BITS, OFF(s.num.head_bits), 0, 4, 32, NULL},                      \
-        F_BOOL("idot", s.num.idot), F_U32("isa", s.num.isa, 0, 2, NULL),                           \
-        F_BOOL("exact", s.num.exact)
+        F_BOOL("idot", s.num.idot),                                                                \
+        {"dense_idot", FK_BOOL, FD_V11, OFF(s.num.dense_idot), 0, 0, 1, NULL},                     \
+        F_U32("isa", s.num.isa, 0, 2, NULL), F_BOOL("exact", s.num.exact)
 
 /* Per type, in wire order. Ranges are the global ones of common/limits.h;
  * the receiver applies its own with proto_check_limits. */
@@ -806,7 +808,7 @@ static k3_status decode_map(const msgpack_object *root, proto_msg *out, char *er
                 stats_have = s->f[j].key;
             else
                 stats_miss = s->f[j].key;
-        } else if (!have) {
+        } else if (!have && !((s->f[j].flags & FD_V11) && out->ver_minor < 1)) {
             return k3_errf(K3_ERR_MISSING, err, errlen, "%s: missing key '%s'", tn, s->f[j].key);
         }
     }
@@ -1096,6 +1098,10 @@ k3_status proto_check_compat(uint64_t want_fp, const proto_numerics *want, uint6
         return k3_errf(K3_ERR_MISMATCH, err, errlen,
                        "numeric setting 'idot' mismatch: expected %d, got %d", want->idot,
                        got->idot);
+    if (want->dense_idot != got->dense_idot)
+        return k3_errf(K3_ERR_MISMATCH, err, errlen,
+                       "numeric setting 'dense_idot' mismatch: expected %d, got %d",
+                       want->dense_idot, got->dense_idot);
     if (want->exact != got->exact)
         return k3_errf(K3_ERR_MISMATCH, err, errlen,
                        "numeric setting 'exact' mismatch: expected %d, got %d", want->exact,

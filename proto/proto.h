@@ -26,7 +26,7 @@
 #include "common/limits.h"
 
 #define PROTO_VERSION_MAJOR 1
-#define PROTO_VERSION_MINOR 0
+#define PROTO_VERSION_MINOR 1
 
 /* Bytes an encoded envelope may need: every v1 message at its field limits
  * fits (the largest, ERROR with a 4095-byte msg, is ~4.2 KB; tested). */
@@ -66,6 +66,7 @@ typedef struct proto_numerics {
     uint32_t head_bits; /* K3_HEAD_BITS: 4, 8 or 32 */
     uint32_t isa;       /* k3_isa in use: 0 scalar, 1 AVX2, 2 AVX-512 */
     bool idot;          /* K3_IDOT: int8-activation expert kernels */
+    bool dense_idot;    /* K3_DENSE_IDOT: int8-activation dense kernels */
     bool exact;         /* the engine's exact-numerics switch */
 } proto_numerics;
 

@@ -419,7 +419,7 @@ static double worst_rel(const float *a, const float *b, int n, int rows) {
 }
 
 typedef struct {
-    int kind; /* 0 qmat, 1 mxfp4 f32, 2 mxfp4 i8 */
+    int kind; /* 0 qmat, 1 mxfp4 f32, 2 mxfp4 i8, 3 qmat integer-dot (m->idot set) */
     const k3_qmat *m;
     const k3_mxfp4 *w;
     const float *x;
@@ -433,6 +433,10 @@ static void run_rows(const kcase *k, int t0, int n, float *y, int r0, int r1) {
     switch (k->kind) {
     case 0: k3_qmat_matmul_rows(k->m, x, n, y, r0, r1); break;
     case 1: k3_mxfp4_matmul_f32(k->w, x, n, y, r0, r1); break;
+    case 3:
+        k3_qmat_matmul_q8_rows(k->m, k->q + (size_t)t0 * k->cols,
+                               k->s + (size_t)t0 * (k->cols / 32), n, y, r0, r1);
+        break;
     default:
         k3_mxfp4_matmul_i8(k->w, k->q + (size_t)t0 * k->cols, k->s + (size_t)t0 * (k->cols / 32), n,
                            y, r0, r1);
@@ -441,7 +445,8 @@ static void run_rows(const kcase *k, int t0, int n, float *y, int r0, int r1) {
 
 static void run_mt(const kcase *k, int n, float *y, k3_pool *pool) {
     switch (k->kind) {
-    case 0: k3_qmat_matmul(k->m, k->x, n, y, pool); break;
+    case 0:
+    case 3: k3_qmat_matmul(k->m, k->x, n, y, pool); break; /* 3: quantizes x itself */
     case 1: k3_mxfp4_matmul_f32_mt(k->w, k->x, n, y, pool); break;
     default: k3_mxfp4_matmul_i8_mt(k->w, k->q, k->s, n, y, pool);
     }
@@ -515,6 +520,35 @@ static void dense_case(const char *tag, int rows, int cols, int bits, const int 
     snprintf(name, sizeof name, "%s %s %dx%d%s", tag, fmt, rows, cols,
              bits == 4 && m.fmt == K3_QF_I8 ? " (int4 fell back)" : "");
     for (int i = 0; i < nn; i++) check_case(name, &k, ns[i]);
+    if ((m.fmt == K3_QF_I8 || m.fmt == K3_QF_I4G64) && cols % 32 == 0) {
+        /* the opt-in integer-dot kernel on the same matrix: levels, splits,
+         * threads (its wrapper quantizes x itself) and its distance from
+         * the float-activation result (activation quantization only) */
+        int8_t *q = malloc((size_t)nmax * cols);
+        float *s = malloc(sizeof(float) * nmax * cols / 32);
+        force(K3_ISA_SCALAR);
+        k3_act_quant_q8(x, nmax, cols, q, s);
+        m.idot = 1;
+        CHECK(k3_qmat_uses_idot(&m), "%s: idot flag selects the integer-dot path", name);
+        kcase kq = {.kind = 3, .m = &m, .x = x, .q = q, .s = s, .rows = rows, .cols = cols};
+        char qname[112];
+        snprintf(qname, sizeof qname, "%s idot", name);
+        for (int i = 0; i < nn; i++) check_case(qname, &kq, ns[i]);
+        float *yf = malloc(sizeof(float) * nmax * rows), *yq = malloc(sizeof(float) * nmax * rows);
+        m.idot = 0;
+        k3_qmat_matmul_rows(&m, x, nmax, yf, 0, rows);
+        k3_qmat_matmul_q8_rows(&m, q, s, nmax, yq, 0, rows);
+        /* over all outputs: with a few rows one output vector is a few
+         * dots, and one cancelling dot says nothing about the kernel */
+        if (rows >= 16) {
+            double rel = t_rel_l2(yq, yf, (size_t)nmax * rows);
+            CHECK(rel < 0.03, "%s idot vs float activations: rel L2 %.2e < 3e-2", name, rel);
+        }
+        free(yf);
+        free(yq);
+        free(q);
+        free(s);
+    }
     k3_qmat_free(&m);
     free(w);
     free(x);
@@ -664,6 +698,7 @@ int main(int argc, char **argv) {
     mx_case("K3 down", 3584, 3072, ns, 4);
     dense_case("K3 kda", 1024, 7168, 4, ns, 4);
     dense_case("K3 mla", 1536, 7168, 8, ns, 4);
+    dense_case("K3 lm_head slice", 256, 7168, 8, ns, 4);
     dense_case("K3 router", 896, 7168, 32, ns, 2);
 
     for (int p = 2; p <= 3; p++) k3_pool_close(&g_pools[p]);

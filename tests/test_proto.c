@@ -47,6 +47,7 @@ static const key_spec keys[] = {
     {PROTO_MSG_HELLO, "mla_bits", K_BITS, 0},
     {PROTO_MSG_HELLO, "head_bits", K_BITS, 0},
     {PROTO_MSG_HELLO, "idot", K_BOOL, 0},
+    {PROTO_MSG_HELLO, "dense_idot", K_BOOL, 0},
     {PROTO_MSG_HELLO, "isa", K_U32, 0},
     {PROTO_MSG_HELLO, "exact", K_BOOL, 0},
     {PROTO_MSG_HELLO_OK, "fp", K_U64, 0},
@@ -55,6 +56,7 @@ static const key_spec keys[] = {
     {PROTO_MSG_HELLO_OK, "mla_bits", K_BITS, 0},
     {PROTO_MSG_HELLO_OK, "head_bits", K_BITS, 0},
     {PROTO_MSG_HELLO_OK, "idot", K_BOOL, 0},
+    {PROTO_MSG_HELLO_OK, "dense_idot", K_BOOL, 0},
     {PROTO_MSG_HELLO_OK, "isa", K_U32, 0},
     {PROTO_MSG_HELLO_OK, "exact", K_BOOL, 0},
     {PROTO_MSG_HELLO_OK, "build", K_STR, 255},
@@ -122,7 +124,7 @@ static void test_round_trip(proto_msg *s, int n) {
         k3_status st = proto_encode(&s[i], b1, sizeof b1, &l1, err, sizeof err);
         if (st == K3_OK) st = proto_decode(b1, l1, &d, err, sizeof err);
         int ok = st == K3_OK && proto_msg_equal(&s[i], &d) && d.ver_major == 1 &&
-                 d.ver_minor == 0 && d.n_ignored == 0;
+                 d.ver_minor == PROTO_VERSION_MINOR && d.n_ignored == 0;
         ok = ok && proto_encode(&d, b2, sizeof b2, &l2, err, sizeof err) == K3_OK && l1 == l2 &&
              !memcmp(b1, b2, l1);
         if (!ok) {
@@ -504,21 +506,44 @@ static void test_keys_versions_types(proto_msg *s) {
     split(&s[2], &p); /* FORWARD */
     int fv = find_key(&p, "v"), ft = find_key(&p, "t");
 
+    /* dense_idot (added in 1.1): a 1.0 HELLO omits it and reads as false; a
+     * 1.1 HELLO without it is missing a key */
+    {
+        static pairs ph;
+        static mp wh;
+        split(&s[0], &ph); /* HELLO */
+        mp v10 = {.n = 0};
+        mp_arr(&v10, 2);
+        mp_u(&v10, 1);
+        mp_u(&v10, 0);
+        rebuild(&ph, find_key(&ph, "dense_idot"), find_key(&ph, "v"), &v10, NULL, 0, &wh);
+        st = proto_decode(wh.b, wh.n, &d, err, sizeof err);
+        CHECK(st == K3_OK && d.ver_minor == 0 && !d.u.hello.num.dense_idot &&
+                  d.u.hello.num.bits == s[0].u.hello.num.bits,
+              "a 1.0 HELLO without dense_idot decodes (dense_idot false): %s", st ? err : "ok");
+        rebuild(&ph, find_key(&ph, "dense_idot"), -1, NULL, NULL, 0, &wh);
+        st = proto_decode(wh.b, wh.n, &d, err, sizeof err);
+        CHECK(st == K3_ERR_MISSING && strstr(err, "missing key 'dense_idot'"),
+              "a 1.1 HELLO without dense_idot: %s", err);
+    }
+
     /* unknown keys: rejected from our minor, ignored from a newer one */
     extra.n = 0;
     mp_str(&extra, "zz");
     mp_u(&extra, 1);
     rebuild(&p, -1, -1, NULL, &extra, 1, &w);
     st = proto_decode(w.b, w.n, &d, err, sizeof err);
-    CHECK(st == K3_ERR_PROTO && strstr(err, "unknown key 'zz'"), "unknown key at minor 0: %s", err);
-    mp v11 = {.n = 0};
+    CHECK(st == K3_ERR_PROTO && strstr(err, "unknown key 'zz'"), "unknown key at our minor %d: %s",
+          PROTO_VERSION_MINOR, err);
+    mp v11 = {.n = 0}; /* a newer minor than ours */
     mp_arr(&v11, 2);
     mp_u(&v11, 1);
-    mp_u(&v11, 1);
+    mp_u(&v11, PROTO_VERSION_MINOR + 1);
     rebuild(&p, -1, fv, &v11, &extra, 1, &w);
     st = proto_decode(w.b, w.n, &d, err, sizeof err);
-    CHECK(st == K3_OK && d.n_ignored == 1 && d.ver_minor == 1 && proto_msg_equal(&d, &s[2]),
-          "unknown key from minor 1 ignored and counted (n_ignored %u)", d.n_ignored);
+    CHECK(st == K3_OK && d.n_ignored == 1 && d.ver_minor == PROTO_VERSION_MINOR + 1 &&
+              proto_msg_equal(&d, &s[2]),
+          "unknown key from a newer minor ignored and counted (n_ignored %u)", d.n_ignored);
     mp_str(&extra, "zz");
     mp_u(&extra, 2);
     rebuild(&p, -1, fv, &v11, &extra, 2, &w);
@@ -540,7 +565,7 @@ static void test_keys_versions_types(proto_msg *s) {
     mp_u(&v, 0);
     rebuild(&p, -1, fv, &v, NULL, 0, &w);
     st = proto_decode(w.b, w.n, &d, err, sizeof err);
-    CHECK(st == K3_ERR_MISMATCH && !strcmp(err, "unsupported protocol version 2.0 (supported 1.0)"),
+    CHECK(st == K3_ERR_MISMATCH && !strcmp(err, "unsupported protocol version 2.0 (supported 1.1)"),
           "major 2: %s", err);
     v.n = 0;
     mp_arr(&v, 2);
@@ -826,6 +851,11 @@ static void test_frames_checks(proto_msg *s) {
               strstr(err, "idot"),
           "idot: %s", err);
     b = a;
+    b.dense_idot = true;
+    CHECK(proto_check_compat(1, &a, 1, &b, err, sizeof err) == K3_ERR_MISMATCH &&
+              strstr(err, "'dense_idot' mismatch: expected 0, got 1"),
+          "dense_idot: %s", err);
+    b = a;
     b.exact = true;
     CHECK(proto_check_compat(1, &a, 1, &b, err, sizeof err) == K3_ERR_MISMATCH &&
               strstr(err, "exact"),
@@ -954,15 +984,15 @@ static void test_bombs(void) {
 #endif
 }
 
-/* {"v":[1,1],"t":14,"id":0,"ep":0,"req":0,"x":<value>}: HEARTBEAT from a
- * newer minor, so "x" is ignored after passing every structural check. */
+/* {"v":[1,minor+1],"t":14,"id":0,"ep":0,"req":0,"x":<value>}: HEARTBEAT
+ * from a newer minor, so "x" is ignored after passing every structural check. */
 static void hb_with(mp *w, const mp *value) {
     w->n = 0;
     mp_map(w, 6);
     mp_str(w, "v");
     mp_arr(w, 2);
     mp_u(w, 1);
-    mp_u(w, 1);
+    mp_u(w, PROTO_VERSION_MINOR + 1);
     mp_str(w, "t");
     mp_u(w, PROTO_MSG_HEARTBEAT);
     mp_str(w, "id");

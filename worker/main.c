@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/config.h"
+#include "common/engine_opts.h"
 #include "common/kernels.h"
 #include "common/limits.h"
 #include "common/log.h"
@@ -31,42 +32,29 @@
 #include "worker/worker.h"
 
 typedef struct wopts {
-    char *model;
-    char *layers;
-    char *listen;
-    k3_opt_list dirs;
-    int numa;
-    double expert_gb;
-    int max_sessions;
-    int max_ctx;
-    int max_chunk;
-    int threads;
-    int insecure;
-    char *curve_secret;
-    char *allow;
-    int hb_ms;
-    int no_bench;
-    int bench_mb;
-    int bits, mla_bits, head_bits, idot, exact;
-    int direct, pipe, load_threads, max_layers;
-    double topp;
-    char *usage;    /* expert usage history; NULL = <model>/.k3_usage, "off" = none */
-    int usage_save; /* save it on a clean stop */
-    char *name;
-    char *fault;
-    int verbose;
+    k3_engine_opts eng; /* model, numerics, threads, expert cache (common/engine_opts.h) */
+    int bits_explicit;  /* --bits / K3_BITS given (not parsed: set from the table's sources) */
+    char *layers;       /* "A-B": the half-open layer range served */
+    char *listen;       /* endpoint to bind */
+    int numa;           /* NUMA node to pin to, -1 = none */
+    int max_sessions;   /* session states held */
+    int max_ctx;        /* tokens per session */
+    int max_chunk;      /* tokens per step accepted */
+    int insecure;       /* allow plain tcp off loopback */
+    char *curve_secret; /* our CURVE key pair file */
+    char *allow;        /* coordinator public keys admitted */
+    int hb_ms;          /* heartbeat interval */
+    int no_bench;       /* skip the drive benchmark */
+    int bench_mb;       /* MB the drive benchmark reads */
+    char *name;         /* name in logs */
+    char *fault;        /* K3_WORKER_FAULT (tests) */
+    int verbose;        /* per-layer load progress */
     int help;
 } wopts;
 
 #define O(f) offsetof(wopts, f)
 static const k3_opt table[] = {
-    {.name = "model",
-     .flag = "--model",
-     .env = "K3_MODEL",
-     .type = K3_OPT_STRING,
-     .offset = O(model),
-     .metavar = "DIR",
-     .help = "model directory (config.json, index, shards)"},
+    K3_ENGINE_OPT_MODEL(wopts, eng),
     {.name = "layers",
      .flag = "--layers",
      .type = K3_OPT_STRING,
@@ -79,14 +67,6 @@ static const k3_opt table[] = {
      .offset = O(listen),
      .metavar = "ENDPOINT",
      .help = "endpoint to bind: ipc://PATH or tcp://HOST:PORT"},
-    {.name = "dirs",
-     .flag = "--dirs",
-     .env = "K3_DIRS",
-     .type = K3_OPT_LIST,
-     .offset = O(dirs),
-     .max = K3_MAX_DIRS,
-     .metavar = "D1,D2",
-     .help = "extra shard directories (drives)"},
     {.name = "numa",
      .flag = "--numa",
      .type = K3_OPT_INT,
@@ -96,16 +76,6 @@ static const k3_opt table[] = {
      .max = 1023,
      .metavar = "N",
      .help = "pin CPUs and memory to NUMA node N (-1: no pinning)"},
-    {.name = "expert-gb",
-     .flag = "--expert-gb",
-     .env = "K3_EXPERT_GB",
-     .type = K3_OPT_DOUBLE,
-     .offset = O(expert_gb),
-     .def = "8",
-     .min = 0,
-     .max = 1e6,
-     .metavar = "G",
-     .help = "routed-expert cache budget in GB"},
     {.name = "max-sessions",
      .flag = "--max-sessions",
      .type = K3_OPT_INT,
@@ -134,16 +104,6 @@ static const k3_opt table[] = {
      .max = K3_MAX_CHUNK,
      .metavar = "T",
      .help = "largest chunk (tokens per step) accepted"},
-    {.name = "threads",
-     .flag = "--threads",
-     .env = "K3_THREADS",
-     .type = K3_OPT_INT,
-     .offset = O(threads),
-     .def = "0",
-     .min = 0,
-     .max = K3_MAX_THREADS,
-     .metavar = "N",
-     .help = "compute threads (0: online CPUs, or the pinned node's)"},
     {.name = "insecure",
      .flag = "--insecure",
      .type = K3_OPT_BOOL,
@@ -187,102 +147,7 @@ static const k3_opt table[] = {
      .max = 65536,
      .metavar = "MB",
      .help = "bytes of the worker's shards the drive benchmark reads"},
-    {.name = "bits",
-     .flag = "--bits",
-     .env = "K3_BITS",
-     .type = K3_OPT_INT,
-     .offset = O(bits),
-     .def = "4",
-     .n_choices = 3,
-     .choices = {4, 8, 32},
-     .metavar = "B",
-     .help = "dense weight bits (KDA, latent, shared, dense)"},
-    {.name = "mla-bits",
-     .flag = "--mla-bits",
-     .env = "K3_MLA_BITS",
-     .type = K3_OPT_INT,
-     .offset = O(mla_bits),
-     .def = "8",
-     .n_choices = 3,
-     .choices = {4, 8, 32},
-     .metavar = "B",
-     .help = "MLA projection bits"},
-    {.name = "head-bits",
-     .flag = "--head-bits",
-     .env = "K3_HEAD_BITS",
-     .type = K3_OPT_INT,
-     .offset = O(head_bits),
-     .def = "8",
-     .n_choices = 3,
-     .choices = {4, 8, 32},
-     .metavar = "B",
-     .help = "lm_head bits (unused by a worker, compared in HELLO)"},
-    {.name = "idot",
-     .flag = "--idot",
-     .env = "K3_IDOT",
-     .type = K3_OPT_BOOL,
-     .offset = O(idot),
-     .def = "1",
-     .help = "int8-activation expert kernels"},
-    {.name = "exact",
-     .flag = "--exact",
-     .env = "K3_EXACT",
-     .type = K3_OPT_BOOL,
-     .offset = O(exact),
-     .help = "f32 everywhere and exact-float experts (bits 32, idot 0)"},
-    {.name = "direct",
-     .flag = "--direct",
-     .env = "K3_DIRECT",
-     .type = K3_OPT_BOOL,
-     .offset = O(direct),
-     .def = "1",
-     .help = "O_DIRECT expert reads"},
-    {.name = "pipe",
-     .env = "K3_PIPE",
-     .type = K3_OPT_BOOL,
-     .offset = O(pipe),
-     .def = "1",
-     .help = "overlap expert loads with compute"},
-    {.name = "load-threads",
-     .env = "K3_LOAD_THREADS",
-     .type = K3_OPT_INT,
-     .offset = O(load_threads),
-     .def = "4",
-     .min = 1,
-     .max = K3_MAX_LOAD_THREADS,
-     .help = "weight loading threads"},
-    {.name = "max-layers",
-     .env = "K3_LAYERS",
-     .type = K3_OPT_INT,
-     .offset = O(max_layers),
-     .def = "0",
-     .min = 0,
-     .max = K3_MAX_LAYERS,
-     .help = "truncate the stack (0: all layers)"},
-    {.name = "topp",
-     .env = "K3_TOPP",
-     .type = K3_OPT_DOUBLE,
-     .offset = O(topp),
-     .def = "0",
-     .min = 0,
-     .max = 1,
-     .help = "expert top-p pruning (0: off)"},
-    {.name = "usage",
-     .flag = "--usage",
-     .env = "K3_USAGE",
-     .env_alias = "COLI_USAGE",
-     .type = K3_OPT_STRING,
-     .offset = O(usage),
-     .metavar = "PATH",
-     .help = "expert usage history: warms the cache at start; this worker's layers' rows "
-             "are merged into it on a clean stop (default <model>/.k3_usage; off = none)"},
-    {.name = "usage-save",
-     .env = "K3_USAGE_SAVE",
-     .env_alias = "USAGE_SAVE",
-     .type = K3_OPT_BOOL,
-     .offset = O(usage_save),
-     .def = "1",
-     .help = "save the expert usage history on a clean stop (0 = read only)"},
+    K3_ENGINE_OPT_ROWS(wopts, eng),
     {.name = "name",
      .flag = "--name",
      .type = K3_OPT_STRING,
@@ -351,7 +216,7 @@ static int parse_fault(const char *s, wk_opts *w) {
 static int run(wopts *o) {
     char err[1024];
     int a, b;
-    if (!o->model || !o->layers || !o->listen) {
+    if (!o->eng.model || !o->layers || !o->listen) {
         fprintf(stderr, "k3-worker: --model, --layers and --listen are required (see --help)\n");
         return 2;
     }
@@ -402,33 +267,16 @@ static int run(wopts *o) {
 
     k3_model_opts mo;
     k3_model_opts_default(&mo);
-    mo.model_dir = o->model;
-    mo.dirs = (const char *const *)o->dirs.items;
-    mo.n_dirs = o->dirs.n;
+    /* the usage history: <model>/.k3_usage unless given, "off" = none; one
+     * file for every worker of the model: a save merges (common/experts.h) */
+    char usage_path[4200];
+    k3_engine_opts_model(&o->eng, &mo, usage_path, sizeof usage_path);
     mo.layer_a = a;
     mo.layer_b = b;
     mo.want_global = 0; /* the embedding / head shard is the coordinator's */
-    mo.max_layers = o->max_layers;
-    mo.bits = o->exact ? 32 : o->bits;
-    mo.mla_bits = o->exact ? 32 : o->mla_bits;
-    mo.head_bits = o->exact ? 32 : o->head_bits;
-    mo.idot = o->exact ? 0 : o->idot;
-    mo.bits_explicit = getenv("K3_BITS") != NULL;
-    if (o->threads > 0) mo.threads = o->threads;
-    mo.expert_gb = o->expert_gb;
-    mo.direct = o->direct;
-    mo.pipe = o->pipe;
-    mo.load_threads = o->load_threads;
-    mo.topp = o->topp;
-    /* <model>/.k3_usage unless given, "off" (or "") = none; one file for
-     * every worker of the model: a save merges (common/experts.h) */
-    char usage_path[4200];
-    if (!o->usage)
-        snprintf(usage_path, sizeof usage_path, "%s/.k3_usage", o->model);
-    else
-        snprintf(usage_path, sizeof usage_path, "%s", o->usage);
-    if (strcmp(usage_path, "off") != 0 && usage_path[0]) mo.usage_path = usage_path;
-    mo.usage_save = o->usage_save;
+    /* --local workers get --bits only when the coordinator's was explicit
+     * (coordinator/cluster_local.c), so flag and variable both count */
+    mo.bits_explicit = o->bits_explicit;
     mo.verbose = o->verbose;
     k3_model *m = NULL;
     double t0 = k3_now_s();
@@ -438,13 +286,13 @@ static int run(wopts *o) {
         return 1;
     }
     const k3_config *cfg = k3_model_config(m);
-    if (k3_link_fingerprint(o->model, cfg, o->topp, &w.fingerprint, err, sizeof err)) {
+    if (k3_link_fingerprint(mo.model_dir, cfg, mo.topp, &w.fingerprint, err, sizeof err)) {
         fprintf(stderr, "k3-worker: %s\n", err);
         k3_model_close(&m);
         k3_allow_list_free(&allow);
         return 1;
     }
-    k3_link_numerics(&mo, o->exact, &w.num);
+    k3_link_numerics(&mo, o->eng.exact, &w.num);
     K3_INFO("layers [%d, %d) of %d loaded in %.2f s (%.1f MB resident, %s kernels)", a, b,
             cfg->n_layers, k3_now_s() - t0, (double)k3_model_resident_bytes(m) / 1e6,
             k3_isa_name(k3_isa_active()));
@@ -452,7 +300,7 @@ static int run(wopts *o) {
     if (!o->no_bench) {
         size_t got = 0;
         int direct = 0;
-        if (wk_bench_read(o->model, mo.dirs, mo.n_dirs, a, b, (size_t)o->bench_mb << 20,
+        if (wk_bench_read(mo.model_dir, mo.dirs, mo.n_dirs, a, b, (size_t)o->bench_mb << 20,
                           &w.read_gbps, &got, &direct, err, sizeof err))
             K3_WARN("drive benchmark failed, reporting 0 GB/s: %s", err);
         else
@@ -505,7 +353,11 @@ int main(int argc, char **argv) {
     char **pos = calloc((size_t)argc + 1, sizeof *pos);
     int npos = 0;
     if (!pos) return 1;
-    k3_status st = k3_opts_parse(table, N_TABLE, &o, NULL, argc, argv, pos, &npos, err, sizeof err);
+    k3_opt_src src[N_TABLE];
+    k3_status st = k3_opts_parse(table, N_TABLE, &o, src, argc, argv, pos, &npos, err, sizeof err);
+    /* --exact: bits 32/32/32 and idot 0; an explicit other --bits is an error */
+    if (!st && !o.help) st = k3_engine_opts_resolve(&o.eng, table, N_TABLE, src, err, sizeof err);
+    if (!st) o.bits_explicit = src[k3_opts_find(table, N_TABLE, "bits")] != K3_OPT_SRC_DEFAULT;
     int rc;
     if (st) {
         fprintf(stderr, "k3-worker: %s\n", err);

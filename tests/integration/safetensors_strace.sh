@@ -6,22 +6,11 @@
 # may ever happen. Uses `test_safetensors --open DIR`, which opens DIR, parses
 # every shard and resolves every mapped tensor.
 set -u
-# LeakSanitizer cannot run under ptrace (it stops with "LeakSanitizer has
-# encountered a fatal error"), so sanitized builds run these traces without
-# leak checking; the leak checks run in every other test.
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-BUILD=${BUILD:-build}
+. "$(dirname "$0")/../lib.sh"
 BIN=$BUILD/tests/test_safetensors
-if ! command -v strace >/dev/null 2>&1 || ! strace -o /dev/null /bin/true 2>/dev/null; then
-    echo "# skip: strace missing or ptrace not permitted"
-    exit 0
-fi
-if [ ! -x "$BIN" ]; then
-    echo "not ok - $BIN not built"
-    exit 1
-fi
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3strace.XXXXXX")
-trap 'rm -rf "$T"' EXIT
+need_strace
+need_bins "$BIN"
+make_tmp k3strace
 mkdir -p "$T/model"
 # a valid one-tensor shard: 8-byte length, header, 8 data bytes
 shard() {  # path tensor-name
@@ -34,7 +23,6 @@ PY
 shard "$T/evil.safetensors" evil.t
 shard "$T/model/model-00001-of-00001.safetensors" ok.t
 
-fail=0
 check() {  # map-value expected-status
     printf '{"weight_map":{"ok.t":"model-00001-of-00001.safetensors","evil.t":"%s"}}' "$1" \
         >"$T/model/model.safetensors.index.json"
@@ -46,11 +34,10 @@ check() {  # map-value expected-status
     touched=$(grep -c 'evil\.safetensors' "$T/trace")
     real=$(grep -c 'model-00001-of-00001\.safetensors' "$T/trace")
     if [[ "$out" == "status $2"* ]] && [ "$touched" -eq 0 ] && [ "$real" -ge 1 ]; then
-        echo "ok - S7 strace: weight_map '$1' -> $out; decoy never touched ($real syscalls on the real shard)"
+        ok "S7 strace: weight_map '$1' -> $out; decoy never touched ($real syscalls on the real shard)"
     else
-        echo "not ok - S7 strace: weight_map '$1' -> '$out', $touched syscalls naming the decoy"
+        bad "S7 strace: weight_map '$1' -> '$out', $touched syscalls naming the decoy"
         grep 'evil' "$T/trace" | head -5 | sed 's/^/# /'
-        fail=1
     fi
 }
 check "../evil.safetensors" format

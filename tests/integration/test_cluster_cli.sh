@@ -13,25 +13,10 @@
 #  - keygen writes a 0600 secret and a public key, never overwrites; a
 #    worker refuses a secret key file readable by others (RELIABILITY C6).
 set -u
-BUILD=${BUILD:-build}
-TINY=${TINY:-$BUILD/fixtures/tiny}
-C=$BUILD/k3-coordinator
-W=$BUILD/k3-worker
-for b in "$C" "$W"; do
-    [ -x "$b" ] || { echo "not ok - $b not built"; exit 1; }
-done
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3cli.XXXXXX")
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
+. "$(dirname "$0")/../lib.sh"
+need_bins "$C" "$W"
+make_tmp k3cli
 export K3_LOG=warn
-fail=0
-ok() { echo "ok - $*"; }
-bad() { echo "not ok - $*"; fail=1; }
 
 IDS=$(/usr/bin/python3 -c 'import random; r=random.Random(7); print(",".join(str(r.randrange(1280)) for _ in range(41)))')
 run() {  # name args...: logits in $T/name.f32, ids line in $T/name.ids
@@ -61,7 +46,6 @@ for num in "" "--exact"; do
 done
 
 # --workers over tcp on loopback, started here, given out of order
-port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 EPS=()
 start_worker() {  # a b ep [args]
     local a=$1 b=$2 ep=$3; shift 3

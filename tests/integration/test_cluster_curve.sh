@@ -14,27 +14,22 @@
 # Needs root for `ip netns`; prints a skip line otherwise. The namespaces are
 # removed on exit, whatever happens.
 set -u
-BUILD=${BUILD:-build}
-TINY=${TINY:-$BUILD/fixtures/tiny}
-C=$(readlink -f "$BUILD/k3-coordinator")
-W=$(readlink -f "$BUILD/k3-worker")
-for b in "$C" "$W"; do
-    [ -x "$b" ] || { echo "not ok - $b not built"; exit 1; }
-done
+. "$(dirname "$0")/../lib.sh"
+# absolute paths: the programs run under `ip netns exec`
+C=$(readlink -f "$C" || echo "$C")
+W=$(readlink -f "$W" || echo "$W")
+need_bins "$C" "$W"
 TINY=$(readlink -f "$TINY")
 NA=k3ca$$
 NB=k3cb$$
 VA=k3va$$
 VB=k3vb$$
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3curve.XXXXXX")
-PIDS=()
+make_tmp k3curve
 cleanup() {
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    wait 2>/dev/null
+    k3_cleanup
     ip netns del "$NA" 2>/dev/null
     ip netns del "$NB" 2>/dev/null
     ip link del "$VA" 2>/dev/null
-    rm -rf "$T"
 }
 trap cleanup EXIT
 if ! ip netns add "$NA" 2>"$T/ns.err"; then
@@ -51,9 +46,6 @@ if [ $? -ne 0 ]; then
     exit 0
 fi
 export K3_LOG=info
-fail=0
-ok() { echo "ok - $*"; }
-bad() { echo "not ok - $*"; fail=1; }
 
 # keys: the coordinator, an intruder, the two workers
 for k in coord intruder w0 w1; do "$C" keygen "$T/$k" >/dev/null 2>&1; done

@@ -7,25 +7,11 @@
 # *.safetensors paths each process opens is compared with the set the
 # checkpoint's index.json assigns to its layers.
 set -u
-# LeakSanitizer cannot run under ptrace (it stops with "LeakSanitizer has
-# encountered a fatal error"), so sanitized builds run these traces without
-# leak checking; the leak checks run in every other test.
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-BUILD=${BUILD:-build}
-TINY=${TINY:-$BUILD/fixtures/tiny}
-W=$BUILD/k3-worker
-C=$BUILD/k3-coordinator
-if ! command -v strace >/dev/null 2>&1 || ! strace -o /dev/null /bin/true 2>/dev/null; then
-    echo "# skip: strace missing or ptrace not permitted"
-    exit 0
-fi
-for b in "$W" "$C"; do
-    [ -x "$b" ] || { echo "not ok - $b not built"; exit 1; }
-done
+. "$(dirname "$0")/../lib.sh"
+need_strace
+need_bins "$W" "$C"
 [ -f "$TINY/model.safetensors.index.json" ] || { echo "not ok - $TINY has no index.json"; exit 1; }
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3shards.XXXXXX")
-trap 'rm -rf "$T"' EXIT
-fail=0
+make_tmp k3shards
 
 # shards the index assigns to layers [a, b) ("global" = no layer prefix)
 expected() {  # a b | global
@@ -68,10 +54,9 @@ for range in "2 4" "0 1" "5 8"; do
     got=$(cat "$T"/w.* 2>/dev/null | opened /dev/stdin)
     all=$(ls "$TINY"/*.safetensors | wc -l)
     if [ "$rc" -eq 0 ] && [ -n "$want" ] && [ "$got" = "$want" ]; then
-        echo "ok - worker [$1, $2) opened only its shards ($got) of $all, benchmark included"
+        ok "worker [$1, $2) opened only its shards ($got) of $all, benchmark included"
     else
-        echo "not ok - worker [$1, $2): opened '$got', expected '$want' (exit $rc)"
-        fail=1
+        bad "worker [$1, $2): opened '$got', expected '$want' (exit $rc)"
     fi
 done
 
@@ -80,7 +65,7 @@ rm -f "$T"/c.*
 strace -ff -s 256 -v -e trace=open,openat,execve -o "$T/c" "$C" --model "$TINY" --ids 5,7,9 --ngen 2 \
     --local 2 --threads 1 >"$T/c.out" 2>"$T/c.log"
 rc=$?
-ok=1
+own=1
 summary=""
 for f in "$T"/c.*; do
     case "$f" in *.out|*.log) continue ;; esac
@@ -96,13 +81,12 @@ for f in "$T"/c.*; do
         who="coordinator"
     fi
     summary="$summary $who: $got;"
-    [ "$got" = "$want" ] || { ok=0; echo "# $who opened '$got', expected '$want'"; }
+    [ "$got" = "$want" ] || { own=0; echo "# $who opened '$got', expected '$want'"; }
 done
-if [ "$rc" -eq 0 ] && [ "$ok" -eq 1 ] && [ -n "$summary" ]; then
-    echo "ok - cluster run: every process opened only its own shards:$summary"
+if [ "$rc" -eq 0 ] && [ "$own" -eq 1 ] && [ -n "$summary" ]; then
+    ok "cluster run: every process opened only its own shards:$summary"
 else
-    echo "not ok - cluster run (exit $rc):$summary"
+    bad "cluster run (exit $rc):$summary"
     tail -5 "$T/c.log" | sed 's/^/# /'
-    fail=1
 fi
 exit $fail

@@ -283,7 +283,8 @@ def body(tmp, prompts, D, L, V, eos):
 
     # ---- 2. chunk sizes and thread counts: the same bits ------------------
     p = prompts[2]
-    for mode, flags in (("exact", ["--exact"]), ("default", [])):
+    for mode, flags in (("exact", ["--exact"]), ("default", []),
+                        ("dense idot", ["--dense-idot"])):
         files = {}
         for name, extra in (("chunk 1", ["--chunk", "1"]), ("chunk 3", ["--chunk", "3"]),
                             ("chunk 32", ["--chunk", "32"]),
@@ -376,7 +377,10 @@ def body(tmp, prompts, D, L, V, eos):
     modes = (("default (bits 4/8/8, idot 1)", {}),
              ("K3_BITS=8 (8/8/8, idot 1)", {"K3_BITS": "8"}),
              ("f32 dense, idot 1", {"K3_BITS": "32", "K3_MLA_BITS": "32",
-                                    "K3_HEAD_BITS": "32", "K3_IDOT": "1"}))
+                                    "K3_HEAD_BITS": "32", "K3_IDOT": "1"}),
+             ("K3_DENSE_IDOT=1 (4/8/8, idot 1, int8 activations for dense too)",
+              {"K3_DENSE_IDOT": "1"}),
+             ("K3_DENSE_IDOT=1 K3_BITS=8", {"K3_DENSE_IDOT": "1", "K3_BITS": "8"}))
     for mode, env in modes:
         for k, p, g, m in wide:
             r = coord(["--ids", ids_arg(p), "--ngen", str(N_GEN), "--print-ids"], env=env)

@@ -9,19 +9,11 @@
 #  - K3_USAGE_SAVE=0 leaves the file as it is; another model's history is
 #    refused at start by the coordinator and by a k3-worker, naming it.
 set -u
-BUILD=${BUILD:-build}
-TINY=${TINY:-$BUILD/fixtures/tiny}
-C=$BUILD/k3-coordinator
-W=$BUILD/k3-worker
-for b in "$C" "$W"; do
-    [ -x "$b" ] || { echo "not ok - $b not built"; exit 1; }
-done
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3usage.XXXXXX")
-trap 'rm -rf "$T"' EXIT
+. "$(dirname "$0")/../lib.sh"
+need_bins "$C" "$W"
+make_tmp k3usage
 export K3_LOG=warn
 unset K3_USAGE K3_USAGE_SAVE COLI_USAGE USAGE_SAVE
-ok() { echo "ok - $*"; }
-bad() { echo "not ok - $*"; }
 
 cp -r "$TINY" "$T/model"
 rm -f "$T"/model/.k3_usage*
@@ -104,3 +96,4 @@ if [ $rc -eq 1 ] && grep -q "usage history $T/other: dims" "$T/w.err"; then
 else
     bad "k3-worker with a mismatched history: rc $rc, $(tail -1 "$T/w.err")"
 fi
+exit $fail

@@ -3,7 +3,8 @@
 # (issue 7). All kernels (kernels.h) and layer operators (ops_isa.h) share
 # one summation order, so the levels must agree byte for byte:
 #  - k3-coordinator --local 0 on the tiny checkpoint, in --exact and in the
-#    default quantized numerics: the --all-logits file (every prompt
+#    default quantized numerics and with --dense-idot (int8 activations for
+#    the dense matrices too): the --all-logits file (every prompt
 #    position), the --trace file (hidden state after every layer) and the
 #    generated ids are identical (cmp) at scalar, avx2 and avx512, at chunk
 #    32 and chunk 1;
@@ -12,26 +13,11 @@
 #    ids as --local 0.
 # A level this CPU lacks is skipped with the reason the binary prints.
 set -u
-BUILD=${BUILD:-build}
-TINY=${TINY:-$BUILD/fixtures/tiny}
-C=$BUILD/k3-coordinator
-W=$BUILD/k3-worker
-for b in "$C" "$W"; do
-    [ -x "$b" ] || { echo "not ok - $b not built"; exit 1; }
-done
+. "$(dirname "$0")/../lib.sh"
+need_bins "$C" "$W"
 [ -f "$TINY/config.json" ] || { echo "not ok - tiny checkpoint missing at $TINY"; exit 1; }
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3isa.XXXXXX")
-PIDS=()
-cleanup() {
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$T"
-}
-trap cleanup EXIT
+make_tmp k3isa
 export K3_LOG=warn
-fail=0
-ok() { echo "ok - $*"; }
-bad() { echo "not ok - $*"; fail=1; }
 
 IDS=$(/usr/bin/python3 -c 'import random; r=random.Random(11); print(",".join(str(r.randrange(1280)) for _ in range(37)))')
 
@@ -64,9 +50,10 @@ done
 echo "# levels run: ${LEVELS[*]}"
 [ "${#LEVELS[@]}" -ge 1 ] && [ "${LEVELS[0]}" = scalar ] || bad "the scalar level must always run"
 
-for mode in exact default; do
+for mode in exact default dense; do
     flag=""
     [ $mode = exact ] && flag=--exact
+    [ $mode = dense ] && flag=--dense-idot
     for chunk in 32 1; do
         ref=""
         for lv in "${LEVELS[@]}"; do
@@ -101,10 +88,10 @@ best=${LEVELS[${#LEVELS[@]}-1]}
 if [ "$best" = scalar ]; then
     echo "# skip mixed-ISA cluster: this CPU runs only the scalar level"
 else
-    port() { /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-    for mode in default exact; do
+    for mode in default exact dense; do
         flag=""
         [ $mode = exact ] && flag=--exact
+        [ $mode = dense ] && flag=--dense-idot
         EP1="tcp://127.0.0.1:$(port)"
         EP2="tcp://127.0.0.1:$(port)"
         K3_ISA=scalar "$W" --model "$TINY" --layers 0-4 --listen "$EP1" --threads 1 --no-bench \

@@ -1,0 +1,65 @@
+# tests/lib.sh: what the integration scripts (tests/integration/*.sh) share.
+# Sourced, not run (tests/run.sh runs every file in tests/integration/, so
+# this one lives outside it):
+#     . "$(dirname "$0")/../lib.sh"
+# Sets BUILD, TINY, C (k3-coordinator), W (k3-worker), fail=0 and PIDS=(),
+# and defines:
+#   ok MSG / bad MSG     print "ok - MSG" / "not ok - MSG" (bad sets fail=1)
+#   need_bins BIN...     "not ok - BIN not built" and exit 1 unless each runs
+#   need_strace          skip (exit 0) without strace or ptrace; turns off
+#                        LeakSanitizer, which cannot run under ptrace
+#   make_tmp NAME        T = a new temporary directory; on exit k3_cleanup
+#                        stops every pid in PIDS and removes T (a script with
+#                        more to undo sets its own EXIT trap calling it)
+#   port                 a free tcp port on 127.0.0.1
+
+BUILD=${BUILD:-build}
+TINY=${TINY:-$BUILD/fixtures/tiny}
+C=$BUILD/k3-coordinator
+W=$BUILD/k3-worker
+fail=0
+PIDS=()
+T=""
+
+ok() { echo "ok - $*"; }
+bad() {
+    echo "not ok - $*"
+    fail=1
+}
+
+need_bins() { # bin...
+    local b
+    for b in "$@"; do
+        [ -x "$b" ] || {
+            echo "not ok - $b not built"
+            exit 1
+        }
+    done
+}
+
+need_strace() {
+    if ! command -v strace >/dev/null 2>&1 || ! strace -o /dev/null /bin/true 2>/dev/null; then
+        echo "# skip: strace missing or ptrace not permitted"
+        exit 0
+    fi
+    # LeakSanitizer stops with "LeakSanitizer has encountered a fatal error"
+    # under ptrace, so sanitized builds trace without leak checking; the
+    # leak checks run in every other test.
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+}
+
+k3_cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "$T" ] && rm -rf "$T"
+}
+
+make_tmp() { # name
+    T=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
+    trap k3_cleanup EXIT
+}
+
+port() {
+    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}

@@ -1,0 +1,191 @@
+/* tests/test_engine_opts.c: the engine rows both programs share
+ * (common/engine_opts.h): embedded at a non-zero offset of a program's
+ * struct, defaults, flags and variables land in the right fields, --exact
+ * and its conflicts, the copy into k3_model_opts and the usage path, and
+ * --help listing every row. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/engine_opts.h"
+#include "common/model.h"
+#include "common/opts.h"
+#include "tests/test.h"
+
+/* A program's struct: own fields around the embedded engine settings, so a
+ * wrong offset shows up as a clobbered neighbour. */
+typedef struct popts {
+    int before;
+    k3_engine_opts eng;
+    int after;
+} popts;
+
+static const k3_opt table[] = {
+    {.name = "before",
+     .flag = "--before",
+     .type = K3_OPT_INT,
+     .offset = offsetof(popts, before),
+     .def = "7",
+     .min = 0,
+     .max = 100,
+     .help = "a program's own row"},
+    K3_ENGINE_OPT_MODEL(popts, eng),
+    K3_ENGINE_OPT_ROWS(popts, eng),
+    {.name = "after",
+     .flag = "--after",
+     .type = K3_OPT_INT,
+     .offset = offsetof(popts, after),
+     .def = "9",
+     .min = 0,
+     .max = 100,
+     .help = "another own row"},
+};
+#define N_TABLE ((int)(sizeof table / sizeof table[0]))
+
+static void clear_env(void) {
+    const char *vars[] = {
+        "K3_MODEL",      "K3_EXACT",   "K3_THREADS",   "K3_DIRS",         "K3_BITS",  "K3_MLA_BITS",
+        "K3_HEAD_BITS",  "K3_IDOT",    "K3_EXPERT_GB", "K3_DIRECT",       "K3_USAGE", "COLI_USAGE",
+        "K3_USAGE_SAVE", "USAGE_SAVE", "K3_PIPE",      "K3_LOAD_THREADS", "K3_TOPP",  "K3_LAYERS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+/* Parses a NULL-terminated argument list (argv[0] added) and resolves
+ * --exact, as both programs' main() do. */
+static k3_status parse(popts *o, char *err, const char *a0, ...) {
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = "prog";
+    va_list ap;
+    va_start(ap, a0);
+    for (const char *a = a0; a && argc < 31; a = va_arg(ap, const char *)) argv[argc++] = (char *)a;
+    va_end(ap);
+    argv[argc] = NULL;
+    char *pos[32];
+    int npos = 0;
+    k3_opt_src src[N_TABLE];
+    memset(o, 0, sizeof *o);
+    err[0] = 0;
+    k3_status st = k3_opts_parse(table, N_TABLE, o, src, argc, argv, pos, &npos, err, 256);
+    if (!st) st = k3_engine_opts_resolve(&o->eng, table, N_TABLE, src, err, 256);
+    return st;
+}
+
+int main(void) {
+    popts o;
+    char err[256];
+    k3_status st;
+    clear_env();
+
+    /* defaults: the spec's, in the embedded struct, neighbours intact */
+    st = parse(&o, err, NULL);
+    CHECK(st == K3_OK && o.before == 7 && o.after == 9 && o.eng.bits == 4 && o.eng.mla_bits == 8 &&
+              o.eng.head_bits == 8 && o.eng.idot == 1 && !o.eng.exact && o.eng.threads == 0 &&
+              o.eng.expert_gb == 8 && o.eng.direct == 1 && o.eng.pipe == 1 &&
+              o.eng.load_threads == 4 && o.eng.expert_topp == 0 && o.eng.max_layers == 0 &&
+              o.eng.usage_save == 1 && !o.eng.usage && !o.eng.model && o.eng.dirs.n == 0,
+          "defaults: bits 4/8/8, idot 1, expert_gb 8, direct/pipe 1, 4 loaders, own rows 7/9 (%s)",
+          err);
+    k3_opts_free(table, N_TABLE, &o);
+
+    /* every flag either program had, and the env-only variables */
+    setenv("K3_TOPP", "0.5", 1);
+    setenv("K3_LAYERS", "3", 1);
+    setenv("K3_LOAD_THREADS", "2", 1);
+    setenv("USAGE_SAVE", "0", 1); /* the alias */
+    st = parse(&o, err, "--model", "/m", "--bits", "8", "--mla-bits", "32", "--head-bits", "4",
+               "--idot=0", "--threads", "3", "--dirs", "a,b", "--expert-gb", "1.5", "--direct=0",
+               "--usage", "off", "--before", "1", "--after", "2", NULL);
+    CHECK(st == K3_OK && !strcmp(o.eng.model, "/m") && o.eng.bits == 8 && o.eng.mla_bits == 32 &&
+              o.eng.head_bits == 4 && o.eng.idot == 0 && o.eng.threads == 3 && o.eng.dirs.n == 2 &&
+              !strcmp(o.eng.dirs.items[1], "b") && o.eng.expert_gb == 1.5 && o.eng.direct == 0 &&
+              !strcmp(o.eng.usage, "off") && o.eng.expert_topp == 0.5 && o.eng.max_layers == 3 &&
+              o.eng.load_threads == 2 && o.eng.usage_save == 0 && o.before == 1 && o.after == 2,
+          "flags of both programs and the variables land in the engine struct (%s)", err);
+
+    /* the copy into k3_model_opts */
+    k3_model_opts mo;
+    k3_model_opts_default(&mo);
+    char usage[256];
+    k3_engine_opts_model(&o.eng, &mo, usage, sizeof usage);
+    CHECK(!strcmp(mo.model_dir, "/m") && mo.n_dirs == 2 && !strcmp(mo.dirs[0], "a") &&
+              mo.bits == 8 && mo.mla_bits == 32 && mo.head_bits == 4 && mo.idot == 0 &&
+              mo.threads == 3 && mo.expert_gb == 1.5 && mo.direct == 0 && mo.pipe == 1 &&
+              mo.load_threads == 2 && mo.topp == 0.5 && mo.max_layers == 3 &&
+              mo.usage_path == NULL && mo.usage_save == 0,
+          "k3_engine_opts_model copies every setting; --usage off means no history");
+    k3_opts_free(table, N_TABLE, &o);
+    clear_env();
+
+    st = parse(&o, err, "--model", "/m", NULL);
+    k3_model_opts_default(&mo);
+    int threads_default = mo.threads;
+    k3_engine_opts_model(&o.eng, &mo, usage, sizeof usage);
+    CHECK(st == K3_OK && mo.usage_path == usage && !strcmp(usage, "/m/.k3_usage") &&
+              mo.threads == threads_default,
+          "no --usage: <model>/.k3_usage ('%s'); --threads 0 keeps the default %d", usage,
+          mo.threads);
+    k3_opts_free(table, N_TABLE, &o);
+
+    /* ranges are the one definition's */
+    st = parse(&o, err, "--expert-gb", "70000", NULL);
+    CHECK(st == K3_ERR_ARG && strstr(err, "--expert-gb: 70000 is outside 0..65536"),
+          "--expert-gb 70000: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    setenv("K3_MLA_BITS", "5", 1);
+    st = parse(&o, err, NULL);
+    CHECK(st == K3_ERR_ARG && strstr(err, "K3_MLA_BITS=5: must be one of 4, 8, 32"),
+          "K3_MLA_BITS=5: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    clear_env();
+
+    /* --exact: all f32, exact-float experts */
+    setenv("K3_BITS", "8", 1); /* a variable is overridden quietly */
+    st = parse(&o, err, "--exact", NULL);
+    CHECK(st == K3_OK && o.eng.bits == 32 && o.eng.mla_bits == 32 && o.eng.head_bits == 32 &&
+              o.eng.idot == 0,
+          "--exact (K3_BITS=8 set): bits 32/32/32, idot 0 (%s)", err);
+    k3_opts_free(table, N_TABLE, &o);
+    clear_env();
+    st = parse(&o, err, "--exact", "--bits", "32", "--idot=0", NULL);
+    CHECK(st == K3_OK && o.eng.bits == 32 && o.eng.idot == 0,
+          "--exact with matching explicit flags is fine (what --local workers get) (%s)", err);
+    k3_opts_free(table, N_TABLE, &o);
+    st = parse(&o, err, "--exact", "--mla-bits", "8", NULL);
+    CHECK(st == K3_ERR_ARG && !strcmp(err, "--exact conflicts with --mla-bits 8"),
+          "--exact --mla-bits 8: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    setenv("K3_EXACT", "1", 1);
+    st = parse(&o, err, "--idot", NULL);
+    CHECK(st == K3_ERR_ARG && !strcmp(err, "K3_EXACT conflicts with --idot"),
+          "K3_EXACT=1 --idot: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    clear_env();
+
+    /* --help lists every engine row: flags, and the env-only variables */
+    FILE *f = tmpfile();
+    k3_opts_help(f, "usage: prog", table, N_TABLE);
+    rewind(f);
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    const char *want[] = {"--model DIR", "--exact",      "--threads N",     "--dirs D1,D2",
+                          "--bits B",    "--mla-bits B", "--head-bits B",   "--idot[=0]",
+                          "--expert-gb", "--direct[=0]", "--usage PATH",    "K3_USAGE_SAVE=0|1",
+                          "K3_PIPE=0|1", "K3_TOPP=P",    "K3_LOAD_THREADS", "K3_LAYERS=N"};
+    int missing = -1;
+    for (int i = 0; i < (int)(sizeof want / sizeof want[0]) && missing < 0; i++)
+        if (!strstr(text, want[i])) missing = i;
+    CHECK(missing < 0, "--help lists every engine row%s%s", missing < 0 ? "" : ", missing ",
+          missing < 0 ? "" : want[missing]);
+
+    /* row names are unique, one spelling each */
+    int dup = 0;
+    for (int i = 0; i < N_TABLE; i++) dup |= k3_opts_find(table, N_TABLE, table[i].name) != i;
+    CHECK(!dup && k3_opts_find(table, N_TABLE, "mla_bits") >= 0 &&
+              k3_opts_find(table, N_TABLE, "mla-bits") < 0,
+          "row names unique; 'mla_bits' is the one spelling");
+    TEST_MAIN_END();
+}
