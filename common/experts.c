@@ -6,8 +6,9 @@
  *
  * The window: a batch admits its experts in order (disk order), each taking
  * one slot: a hit pins the slot holding it, a miss takes a victim slot
- * (empty first, then the least recently used unpinned one, preferring
- * experts this batch does not need any more) and queues its read. At most
+ * (pick_victim: empty first, then the least recently used unpinned one not
+ * needed by this batch, and only when there is none and the batch holds at
+ * most one other, the one this batch needs last) and queues its read. At most
  * n_slots experts of a batch are admitted and not yet put, so the memory in
  * use never exceeds the budget; with one slot per layer there is no overlap
  * (read, compute, read, ...), with s slots up to s-1 reads run while one
@@ -371,20 +372,30 @@ static void fill_view(const k3_experts *s, const exp_slot *slot, int32_t e, k3_e
 
 /* Victim slot for a miss of a batch: an unpinned slot, empty first, then
  * the least recently used one holding an expert the batch does not need
- * any more, then the least recently used of the rest. -1 when every slot
- * is pinned. Unpinned slots are never LOADING (the reading batch pins it)
- * nor FAILED (reset on the last unpin). Caller holds L->mu. */
-static int pick_victim(const exp_layer *L, const uint8_t *wanted) {
+ * (any more), then, of the experts it still needs, the one it needs last
+ * (Belady: that hit is the furthest away). *cls_out: 0 empty, 1 not needed,
+ * 2 needed later. -1 when every slot is pinned. Unpinned slots are never
+ * LOADING (the reading batch pins it) nor FAILED (reset on the last unpin).
+ * Caller holds L->mu.
+ *
+ * Why not plain LRU: a prefill chunk's union of experts often exceeds the
+ * slots, and consecutive chunks walk it in the same (disk) order. LRU then
+ * evicts each expert just before the next chunk needs it (0 hits); keeping
+ * the ones needed last turns slots - 1 of them into hits. */
+static int pick_victim(const exp_layer *L, const int32_t *wanted, int *cls_out) {
     int best = -1, best_class = 3;
-    uint64_t best_t = 0;
+    uint64_t best_key = 0;
     for (int j = 0; j < L->n_slots; j++) {
         const exp_slot *sl = &L->slots[j];
         if (sl->pins) continue;
         int cls = sl->expert < 0 ? 0 : wanted[sl->expert] ? 2 : 1;
-        if (cls < best_class || (cls == best_class && sl->last_use < best_t)) {
-            best = j, best_class = cls, best_t = sl->last_use;
+        /* class 1: oldest use first; class 2: latest position first */
+        uint64_t key = cls == 2 ? UINT64_MAX - (uint64_t)wanted[sl->expert] : sl->last_use;
+        if (cls < best_class || (cls == best_class && key < best_key)) {
+            best = j, best_class = cls, best_key = key;
         }
     }
+    *cls_out = best_class;
     return best;
 }
 
@@ -417,8 +428,13 @@ static void admit(k3_expert_batch *b) {
             it->slot = j;
             b->st.hits++;
         } else {
-            int v = pick_victim(L, b->wanted);
+            int cls;
+            int v = pick_victim(L, b->wanted, &cls);
             if (v < 0) break; /* other batches hold every slot: retried on their unpins */
+            /* one read ahead of the expert computing keeps the drive busy;
+             * deeper read-ahead would cost this batch's own later hits, so
+             * that victim is taken only while at most one is held */
+            if (cls == 2 && b->held > 1) break; /* retried on our next put */
             exp_slot *sl = &L->slots[v];
             if (sl->expert >= 0) L->slot_of[sl->expert] = -1;
             sl->expert = it->id;
@@ -480,7 +496,7 @@ k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer,
     if (n < 0 || n > E)
         return k3_errf(K3_ERR_ARG, err, errlen, "layer %d: batch of %d experts outside [0, %d]",
                        layer, n, E);
-    uint8_t *wanted = k3_xcalloc((size_t)E, 1);
+    int32_t *wanted = k3_xcalloc((size_t)E, sizeof *wanted);
     for (int i = 0; i < n; i++) {
         k3_status st = K3_OK;
         if (ids[i] < 0 || ids[i] >= E)
@@ -498,7 +514,7 @@ k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer,
             free(wanted);
             return st;
         }
-        wanted[ids[i]] = 1;
+        wanted[ids[i]] = i + 1;
     }
     k3_expert_batch *b = k3_xcalloc(1, sizeof *b);
     b->s = s;

@@ -5,8 +5,9 @@
  * Owns: per MoE layer of a range, the expert table (for every expert its six
  * tensors w1p, w1s, w2p, w2s, w3p, w3s: shard, absolute offset, validated
  * dtype U8 and exact byte sizes; whether they lie back to back so one read
- * fetches the expert; the disk order (shard name, offset)); an LRU of slot
- * buffers with a byte budget (K3_EXPERT_GB split evenly over the range's MoE
+ * fetches the expert; the disk order (shard name, offset)); a cache of slot
+ * buffers (LRU, except that a batch keeps the experts it needs last: see
+ * experts.c) with a byte budget (K3_EXPERT_GB split evenly over the range's MoE
  * layers, at least one slot per layer, checked against MemAvailable); the
  * loader threads (K3_LOAD_THREADS) that read misses; the usage history
  * (K3_USAGE, <model>/.k3_usage); statistics.

@@ -77,7 +77,8 @@ struct k3_expert_batch {
     int layer;
     int n;           /* items */
     exp_item *items; /* [n] owned */
-    uint8_t *wanted; /* [n_experts] 1 = still to be used by this batch */
+    int32_t *wanted; /* [n_experts] position + 1 in this batch while still to be
+                      * used, 0 = not (any more) */
     int next_admit;  /* items [0, next_admit) admitted */
     int next_get;    /* the consumer's position */
     int held;        /* admitted and not put */

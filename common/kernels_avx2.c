@@ -463,8 +463,7 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
             const __m256i qe = _mm256_loadu_si256((const __m256i *)qg);                            \
             const __m256i qo = _mm256_loadu_si256((const __m256i *)(qg + 32));                     \
             __m256i p[8];                                                                          \
-            UNROLL for (int i = 0; i < 8; i++) p[i] =                                              \
-                _mm256_add_epi32(DOT(ul[i], qe), DOT(uh[i], qo));                                  \
+            UNROLL for (int i = 0; i < 8; i++) p[i] = DOT##2(ul[i], qe, uh[i], qo);                \
             __m256i i0, i1;                                                                        \
             hsum8x8_pair(p, &i0, &i1);                                                             \
             i0 = _mm256_sub_epi32(i0, _mm256_set1_epi32(corr[j * ldc + g]));                       \
@@ -501,7 +500,13 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
 
 #define DOT_AVX2(u, q) _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), _mm256_set1_epi16(1))
 #define DOT_VNNI(u, q) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q)
-#define VNNI_FN        __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+/* two dots into one sum: the int16 pair sums of the nibble kinds add without
+ * saturating (2 * 2 * 24 * 127 = 12192) */
+#define DOT_AVX22(u, q, v, r)                                                                      \
+    _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u, q), _mm256_maddubs_epi16(v, r)),    \
+                      _mm256_set1_epi16(1))
+#define DOT_VNNI2(u, q, v, r) _mm256_dpbusd_epi32(DOT_VNNI(u, q), v, r)
+#define VNNI_FN               __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
 
 #define MXI8_ARGS                                                                                  \
     const uint8_t *pb, size_t ldp, const float *eh, const int32_t *corr, int ldc,                  \

@@ -44,10 +44,11 @@ static const k3_opt table[] = {
 #define N_TABLE ((int)(sizeof table / sizeof table[0]))
 
 static void clear_env(void) {
-    const char *vars[] = {
-        "K3_MODEL",      "K3_EXACT",   "K3_THREADS",   "K3_DIRS",         "K3_BITS",  "K3_MLA_BITS",
-        "K3_HEAD_BITS",  "K3_IDOT",    "K3_EXPERT_GB", "K3_DIRECT",       "K3_USAGE", "COLI_USAGE",
-        "K3_USAGE_SAVE", "USAGE_SAVE", "K3_PIPE",      "K3_LOAD_THREADS", "K3_TOPP",  "K3_LAYERS"};
+    const char *vars[] = {"K3_MODEL",      "K3_EXACT",    "K3_THREADS",   "K3_DIRS",
+                          "K3_BITS",       "K3_MLA_BITS", "K3_HEAD_BITS", "K3_IDOT",
+                          "K3_EXPERT_GB",  "K3_DIRECT",   "K3_USAGE",     "COLI_USAGE",
+                          "K3_USAGE_SAVE", "USAGE_SAVE",  "K3_PIPE",      "K3_LOAD_THREADS",
+                          "K3_TOPP",       "K3_LAYERS",   "K3_DENSE_IDOT"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -156,6 +157,24 @@ int main(void) {
     CHECK(st == K3_ERR_ARG && !strcmp(err, "--exact conflicts with --mla-bits 8"),
           "--exact --mla-bits 8: '%s'", err);
     k3_opts_free(table, N_TABLE, &o);
+    st = parse(&o, err, "--exact", "--dense-idot", NULL);
+    CHECK(st == K3_ERR_ARG && !strcmp(err, "--exact conflicts with --dense-idot"),
+          "--exact --dense-idot: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    setenv("K3_DENSE_IDOT", "1", 1);
+    st = parse(&o, err, "--exact", NULL);
+    CHECK(st == K3_OK && o.eng.dense_idot == 0 && o.eng.idot == 0,
+          "K3_DENSE_IDOT=1 --exact: the variable yields to --exact (%s)", st ? err : "ok");
+    k3_opts_free(table, N_TABLE, &o);
+    st = parse(&o, err, NULL);
+    k3_model_opts mo2;
+    k3_model_opts_default(&mo2);
+    char ub[64];
+    if (!st) k3_engine_opts_model(&o.eng, &mo2, ub, sizeof ub);
+    CHECK(st == K3_OK && o.eng.dense_idot == 1 && mo2.dense_idot == 1,
+          "K3_DENSE_IDOT=1 reaches the model options (%s)", st ? err : "ok");
+    k3_opts_free(table, N_TABLE, &o);
+    unsetenv("K3_DENSE_IDOT");
     setenv("K3_EXACT", "1", 1);
     st = parse(&o, err, "--idot", NULL);
     CHECK(st == K3_ERR_ARG && !strcmp(err, "K3_EXACT conflicts with --idot"),

@@ -183,6 +183,36 @@ static void test_read_path(const char *tiny) {
               "stats: cold pass %llu misses %llu bytes, warm pass %llu hits",
               (unsigned long long)a.misses, (unsigned long long)a.bytes,
               (unsigned long long)b.hits);
+        store_close(&x);
+    }
+    /* fewer slots than the batch: the same batch twice keeps slots - 2 of
+     * the experts it needs last (LRU would keep none: it evicts each one
+     * just before its turn; the other 2 slots stream: one computing, one
+     * read ahead), in both pipelined and serial admission */
+    for (int pipe = 0; pipe <= 1; pipe++)
+        for (int slots = 2; slots <= 6; slots += 2) {
+            store y;
+            if (store_open(&y, tiny, NULL, 0, slots, 1, pipe, 2)) {
+                printf("not ok - store open: %s\n", err);
+                continue;
+            }
+            k3_expert_stats a = {0}, b = {0}, c = {0};
+            int32_t ids[K3_MAX_EXPERTS];
+            int n = all_ids(&y, 1, ids);
+            run_batch(&y, 1, ids, n, &bad, &a);
+            run_batch(&y, 1, ids, n, &bad, &b);
+            run_batch(&y, 1, ids, n, &bad, &c);
+            CHECK(n > slots && a.hits == 0 && b.hits == (uint64_t)(slots - 2) &&
+                      b.misses == (uint64_t)(n - slots + 2) && c.hits == b.hits && bad == 0,
+                  "%d slots, pipe %d, a batch of %d experts three times: hits %llu / %llu / %llu "
+                  "(want 0 / %d / %d)",
+                  slots, pipe, n, (unsigned long long)a.hits, (unsigned long long)b.hits,
+                  (unsigned long long)c.hits, slots - 2, slots - 2);
+            store_close(&y);
+        }
+    if (store_open(&x, tiny, NULL, 0, 16, 1, 1, 4) == 0) {
+        int32_t ids[K3_MAX_EXPERTS];
+        all_ids(&x, 1, ids);
         /* bad ids are refused before anything is read */
         int32_t dup[2] = {ids[0], ids[0]}, out_of[1] = {99};
         k3_expert_batch *bb = NULL;

@@ -5,6 +5,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hwloc.h>
+#include <limits.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +56,90 @@ k3_status wk_pin_numa(int node, char *desc, size_t desclen, char *err, size_t er
     }
 out:
     hwloc_topology_destroy(topo);
+    return st;
+}
+
+/* ---- the drive's NUMA node ---- */
+
+/* The kernel's node in the nearest numa_node file at or above dir (a sysfs
+ * device directory), stopping at the sysfs root; -2 when there is none. */
+static int numa_of_device_dir(const char *sysfs, char *dir) {
+    size_t root = strlen(sysfs);
+    for (;;) {
+        char f[PATH_MAX + 16];
+        snprintf(f, sizeof f, "%s/numa_node", dir);
+        FILE *fp = fopen(f, "r");
+        if (fp) {
+            int v = -2;
+            if (fscanf(fp, "%d", &v) != 1) v = -2;
+            fclose(fp);
+            if (v >= -1) return v;
+        }
+        char *slash = strrchr(dir, '/');
+        if (!slash || (size_t)(slash - dir) <= root) return -2;
+        *slash = 0;
+    }
+}
+
+k3_status wk_drive_numa(const char *path, const char *sysfs, int *node, char *why, size_t whylen,
+                        char *err, size_t errlen) {
+    *node = -1;
+    if (why && whylen) why[0] = 0;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return k3_errf(K3_ERR_IO, err, errlen, "%s: %s", path, strerror(errno));
+    char link[PATH_MAX], dev[PATH_MAX];
+    snprintf(link, sizeof link, "%s/dev/block/%u:%u", sysfs, major(sb.st_dev), minor(sb.st_dev));
+    if (!realpath(link, dev)) {
+        k3_errf(K3_OK, why, whylen, "%s: no block device (%s)", link, strerror(errno));
+        return K3_OK;
+    }
+    char canon_root[PATH_MAX];
+    if (!realpath(sysfs, canon_root)) snprintf(canon_root, sizeof canon_root, "%s", sysfs);
+    int os = numa_of_device_dir(canon_root, dev);
+    if (os < 0) {
+        k3_errf(K3_OK, why, whylen, "block device %u:%u: the kernel reports no NUMA node",
+                major(sb.st_dev), minor(sb.st_dev));
+        return K3_OK;
+    }
+    /* the kernel's (OS) index -> hwloc's logical one */
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) != 0 || hwloc_topology_load(topo) != 0) {
+        k3_errf(K3_OK, why, whylen, "hwloc: cannot load the topology");
+        return K3_OK;
+    }
+    hwloc_obj_t obj = hwloc_get_numanode_obj_by_os_index(topo, (unsigned)os);
+    if (obj)
+        *node = (int)obj->logical_index;
+    else
+        k3_errf(K3_OK, why, whylen,
+                "block device %u:%u is on NUMA node %d, which hwloc does not see", major(sb.st_dev),
+                minor(sb.st_dev), os);
+    hwloc_topology_destroy(topo);
+    return K3_OK;
+}
+
+k3_status wk_layer_shard(const char *model_dir, const char *const *dirs, int n_dirs, int layer,
+                         char *path, size_t pathlen, char *err, size_t errlen) {
+    st_index *idx = NULL;
+    st_open_opts so = {model_dir, dirs, n_dirs};
+    k3_status st = st_open(&idx, &so, err, errlen);
+    if (st) return st;
+    static const char *const prefixes[2] = {"language_model.", ""};
+    static const char *const suffixes[2] = {"input_layernorm.weight",
+                                            "block_sparse_moe.experts.0.w1.weight_packed"};
+    const st_tensor *t = NULL;
+    for (int p = 0; p < 2 && !st && !t; p++)
+        for (int s = 0; s < 2 && !st && !t; s++) {
+            char name[K3_ST_MAX_NAME];
+            snprintf(name, sizeof name, "%smodel.layers.%d.%s", prefixes[p], layer, suffixes[s]);
+            st = st_find_opt(idx, name, &t, err, errlen);
+        }
+    if (!st && !t)
+        st = k3_errf(K3_ERR_MISSING, err, errlen, "layer %d: no input_layernorm or expert tensor",
+                     layer);
+    if (!st) snprintf(path, pathlen, "%s", st_shard_path(idx, t->shard));
+    st_close(&idx);
     return st;
 }
 

@@ -22,6 +22,22 @@
  * cpus 0-15". */
 k3_status wk_pin_numa(int node, char *desc, size_t desclen, char *err, size_t errlen);
 
+/* The NUMA node (hwloc logical index, as wk_pin_numa takes) of the drive
+ * holding `path`: the block device of its file system (st_dev) is looked
+ * up under <sysfs>/dev/block/MAJ:MIN, and the nearest "numa_node" file on
+ * that device's path (the PCI function of an NVMe or SATA controller) gives
+ * the kernel's node. *node = -1 and a reason in `why` when the kernel does
+ * not know (virtual or loop devices, one-node machines report -1); that is
+ * not an error. Errors: the path cannot be stat'ed. sysfs: "/sys" (tests
+ * pass a fake tree). */
+k3_status wk_drive_numa(const char *path, const char *sysfs, int *node, char *why, size_t whylen,
+                        char *err, size_t errlen);
+
+/* Path of the shard holding layer `layer` (its input norm or first expert,
+ * under either name prefix), through the index: no shard is opened. */
+k3_status wk_layer_shard(const char *model_dir, const char *const *dirs, int n_dirs, int layer,
+                         char *path, size_t pathlen, char *err, size_t errlen);
+
 /* Reads up to max_bytes from the start of the shard files that hold layers
  * [layer_a, layer_b) (found through the index, so no other shard is ever
  * opened) with O_DIRECT (buffered when the file system refuses O_DIRECT,

@@ -1,7 +1,7 @@
 /* worker/main.c: the k3-worker program.
  *
  *   k3-worker --model DIR --layers A-B --listen ENDPOINT [--dirs D1,D2]
- *             [--numa N] [--expert-gb G] [--max-sessions N] [--threads N]
+ *             [--numa N | --numa-auto] [--expert-gb G] [--max-sessions N] [--threads N]
  *             [--insecure | --curve-secret FILE --allow FILE]
  *
  * Order of start-up: options (one table: flags, K3_* variables, --help),
@@ -37,6 +37,7 @@ typedef struct wopts {
     char *layers;       /* "A-B": the half-open layer range served */
     char *listen;       /* endpoint to bind */
     int numa;           /* NUMA node to pin to, -1 = none */
+    int numa_auto;      /* pin to the node of the drive holding our first layer */
     int max_sessions;   /* session states held */
     int max_ctx;        /* tokens per session */
     int max_chunk;      /* tokens per step accepted */
@@ -76,6 +77,13 @@ static const k3_opt table[] = {
      .max = 1023,
      .metavar = "N",
      .help = "pin CPUs and memory to NUMA node N (-1: no pinning)"},
+    {.name = "numa-auto",
+     .flag = "--numa-auto",
+     .env = "K3_NUMA_AUTO",
+     .type = K3_OPT_BOOL,
+     .offset = O(numa_auto),
+     .def = "0",
+     .help = "pin to the NUMA node of the drive that holds this worker's first layer (sysfs)"},
     {.name = "max-sessions",
      .flag = "--max-sessions",
      .type = K3_OPT_INT,
@@ -257,9 +265,25 @@ static int run(wopts *o) {
         K3_INFO("CURVE server key %s; %d coordinator key(s) admitted", w.kp.public_z85, allow.n);
     }
 
-    if (o->numa >= 0) {
+    int numa = o->numa;
+    if (o->numa_auto && numa < 0) {
+        /* the drive that holds our first layer's shard decides */
+        char shard[4096], why[512];
+        int node = -1;
+        k3_status st = wk_layer_shard(o->eng.model, (const char *const *)o->eng.dirs.items,
+                                      o->eng.dirs.n, a, shard, sizeof shard, err, sizeof err);
+        if (!st) st = wk_drive_numa(shard, "/sys", &node, why, sizeof why, err, sizeof err);
+        if (st)
+            K3_WARN("--numa-auto: %s; continuing unpinned", err);
+        else if (node < 0)
+            K3_INFO("--numa-auto: %s: %s; not pinned", shard, why);
+        else
+            K3_INFO("--numa-auto: %s is on NUMA node %d", shard, node);
+        numa = node;
+    }
+    if (numa >= 0) {
         char desc[512];
-        if (wk_pin_numa(o->numa, desc, sizeof desc, err, sizeof err))
+        if (wk_pin_numa(numa, desc, sizeof desc, err, sizeof err))
             K3_WARN("NUMA pinning failed, continuing unpinned: %s", err);
         else
             K3_INFO("pinned: %s", desc);
@@ -358,6 +382,8 @@ int main(int argc, char **argv) {
     /* --exact: bits 32/32/32 and idot 0; an explicit other --bits is an error */
     if (!st && !o.help) st = k3_engine_opts_resolve(&o.eng, table, N_TABLE, src, err, sizeof err);
     if (!st) o.bits_explicit = src[k3_opts_find(table, N_TABLE, "bits")] != K3_OPT_SRC_DEFAULT;
+    if (!st && !o.help && o.numa_auto && o.numa >= 0)
+        st = k3_errf(K3_ERR_ARG, err, sizeof err, "--numa %d conflicts with --numa-auto", o.numa);
     int rc;
     if (st) {
         fprintf(stderr, "k3-worker: %s\n", err);

@@ -23,9 +23,12 @@
 #   (steady rate: (tokens - 1) / (last - first step completion));
 # each with per-drive read GB/s, per-stage busy time, CPU use and what
 # bounded it (drives, CPU, or the pipeline itself).
-# Expert cache: SLOTS (default 4) slots per MoE layer in every
-# configuration (each worker's --expert-gb covers its MoE layers), far
-# below a layer's 24 experts: experts stream from the drives.
+# Expert cache: CACHE_PER=layer (default): SLOTS (default 4) slots per MoE
+# layer in every configuration (each worker's --expert-gb covers its MoE
+# layers), far below a layer's 24 experts: experts stream from the drives,
+# and only the drives add up. CACHE_PER=worker: every worker gets the
+# 1-worker configuration's budget (SLOTS x all MoE layers), as separate
+# hosts or NUMA nodes each bring their own RAM: drives and RAM add up.
 # Checkpoint: DRIVES_SLICE (default $CACHE/slice-l5e24: k3_gen slice with 5
 # layers = 1 dense + 4 MoE, 24 experts of real size; generated when
 # missing, 9.1 GB on disk). Layers are split so each worker holds the same
@@ -46,6 +49,8 @@ PIPE_CHUNK=${PIPE_CHUNK:-32}
 DECODE=${DECODE:-3}
 SESS_TOKENS=${SESS_TOKENS:-4}
 SLOTS=${SLOTS:-4}
+CACHE_PER=${CACHE_PER:-layer} # layer | worker (see above)
+case $CACHE_PER in layer | worker) ;; *) echo "bench-drives: CACHE_PER=$CACHE_PER: layer or worker" >&2; exit 2 ;; esac
 LOAD_TIMEOUT=${LOAD_TIMEOUT:-600} # s for the workers to load
 SLICE=${DRIVES_SLICE:-$CACHE/slice-l5e24}
 CG=/sys/fs/cgroup/blkio
@@ -111,7 +116,7 @@ done
 # shellcheck disable=SC2016
 PLAN_PY='
 import json, os, re, struct, sys
-d, n_workers, slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+d, n_workers, slots, cache_per = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 c = json.load(open(os.path.join(d, "config.json")))
 tc = c.get("text_config", c)
 L, k = tc["num_hidden_layers"], tc.get("first_k_dense_replace", 0)
@@ -144,7 +149,8 @@ for i in range(n_workers):
     lo, hi = len(moe) * i // n_workers, len(moe) * (i + 1) // n_workers
     end = L if i == n_workers - 1 else moe[hi - 1] + 1
     shards = sorted(f for f, ls in layer_of.items() if any(start <= l < end for l in ls))
-    gb = (hi - lo) * slots * slot * 1.02 / (1 << 30)   # just over SLOTS per MoE layer
+    per = hi - lo if cache_per == "layer" else len(moe)  # MoE layers the budget covers
+    gb = per * slots * slot * 1.02 / (1 << 30)           # just over SLOTS per such layer
     size = sum(os.path.getsize(os.path.join(d, f)) for f in shards)
     print(i, start, end, hi - lo, "%.4f" % gb, size, *shards)
     start = end
@@ -173,13 +179,14 @@ make --no-print-directory -s BUILD="$BUILD" all "$BUILD/bench/bench_drives"
 
 echo "bench-drives: $SLICE ($((total / 1000000)) MB of layer shards), $(nproc) cores,"\
      "drives of $DRIVE_MBPS MB/s (loop + ext4 in /dev/shm, blkio throttle), $SLOTS expert"\
-     "slots per MoE layer, prompt $PROMPT, chunk $CHUNK / pipe-chunk $PIPE_CHUNK"
+     "slots per MoE layer $([ "$CACHE_PER" = worker ] && echo "of the model for every worker (CACHE_PER=worker)" || echo "of each worker (CACHE_PER=layer)"),"\
+     "prompt $PROMPT, chunk $CHUNK / pipe-chunk $PIPE_CHUNK"
 t_all=$(date +%s)
 
 # ---- one configuration ------------------------------------------------------
 run_n() {
     local N=$1 i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
-    plan=$($PY -c "$PLAN_PY" "$SLICE" "$N" "$SLOTS") || return 1
+    plan=$($PY -c "$PLAN_PY" "$SLICE" "$N" "$SLOTS" "$CACHE_PER") || return 1
     echo
     echo "=== $N worker(s) ==="
     local t_setup; t_setup=$(date +%s)

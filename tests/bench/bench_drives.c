@@ -400,6 +400,10 @@ int main(int argc, char **argv) {
     mo.model_dir = g_o.model;
     mo.layer_a = c0.n_layers;
     mo.want_global = 1;
+    /* the one numeric setting the bench varies: the workers read the same
+     * variable from the environment they inherit, and HELLO compares it */
+    const char *di = getenv("K3_DENSE_IDOT");
+    mo.dense_idot = di && strcmp(di, "0") != 0;
     if (g_o.threads > 0) mo.threads = g_o.threads;
     if ((st = k3_model_open(&g_model, &mo, err, sizeof err))) goto fail;
     const k3_config *cfg = k3_model_config(g_model);

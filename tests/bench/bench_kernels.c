@@ -111,7 +111,7 @@ static double stream_read(int threads, const uint8_t *buf, size_t bytes) {
 #define KEEP(v)    __asm__ volatile("" : "+x"(v))
 
 typedef struct {
-    int kind; /* 0 avx2 maddubs chain, 1 avx512 vnni */
+    int kind; /* 0 avx2 maddubs chain, 1 avx512 vnni, 2 avx512 float fma */
     int32_t sink[4 * 16];
 } pk_job;
 
@@ -158,9 +158,31 @@ __attribute__((target("avx512f,avx512vnni"))) static void peak_avx512(int32_t *s
     sink[0] = _mm512_reduce_add_epi32(t);
 }
 
+/* The float FMA peak (the ceiling of the float-activation kernels, spec
+ * 4.2): 8 independent vfmadd231ps zmm chains in one asm block. */
+__attribute__((target("avx512f"))) static void peak_fma512(int32_t *sink) {
+    __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(1e-8f);
+    __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2),
+           a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),
+           a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7);
+    for (long i = 0; i < PEAK_ITERS; i++)
+        __asm__ volatile("vfmadd231ps %9, %8, %0\n\tvfmadd231ps %9, %8, %1\n\t"
+                         "vfmadd231ps %9, %8, %2\n\tvfmadd231ps %9, %8, %3\n\t"
+                         "vfmadd231ps %9, %8, %4\n\tvfmadd231ps %9, %8, %5\n\t"
+                         "vfmadd231ps %9, %8, %6\n\tvfmadd231ps %9, %8, %7"
+                         : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                           "+v"(a7)
+                         : "v"(x), "v"(y));
+    __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+    sink[0] = (int32_t)_mm512_reduce_add_ps(t);
+}
+
 static void pk_task(void *ctx, int task) {
     pk_job *j = ctx;
-    if (j->kind == 1)
+    if (j->kind == 2)
+        peak_fma512(j->sink + task * 16);
+    else if (j->kind == 1)
         peak_avx512(j->sink + task * 16);
     else
         peak_avx2(j->sink + task * 16);
@@ -174,7 +196,11 @@ static double int8_peak(int kind, int threads) {
         double t0 = now_s();
         k3_pool_run(threads == 1 ? NULL : g_pool2, pk_task, &j, threads);
         double dt = now_s() - t0;
-        double macs = (double)PEAK_ITERS * (kind == 1 ? 8 * 64 : 6 * 32) * threads;
+        double macs = (double)PEAK_ITERS *
+                      (kind == 2   ? 8 * 16
+                       : kind == 1 ? 8 * 64
+                                   : 6 * 32) *
+                      threads;
         best = 2 * macs / dt / 1e9 > best ? 2 * macs / dt / 1e9 : best;
     }
     return best;
@@ -322,6 +348,13 @@ int main(int argc, char **argv) {
                pk_kind ? "vpdpbusd zmm" : "vpmaddubsw+vpmaddwd+vpaddd ymm", peak[1], peak[2]);
     if (pk_kind == 0 && k3_isa_detect() == K3_ISA_AVX512)
         printf("# (for reference, vpdpbusd zmm peak: %.0f GOP/s 1 thread)\n", int8_peak(1, 1));
+    if (k3_isa_detect() == K3_ISA_AVX512) {
+        /* the float-activation kernels (spec 4.2) can reach at most this */
+        const double f1 = int8_peak(2, 1);
+        printf("# float FMA peak (vfmadd231ps zmm): %.0f GFLOP/s (1 thread) = %.0f%% of the int8 "
+               "dot peak\n",
+               f1, peak[1] > 0 ? 100 * f1 / peak[1] : 0);
+    }
 
     /* pool overhead */
     {

@@ -5,7 +5,7 @@
 # call of each kernel under callgrind, collecting only inside kernel_call.
 # Prints instructions per weight byte and per multiply-add. valgrind has no
 # AVX-512, so the level is K3_ISA (default avx2; scalar also works).
-# Usage: tests/bench/kernel-profile.sh [KERNEL...]   (default: all four)
+# Usage: tests/bench/kernel-profile.sh [KERNEL...]   (default: all six)
 set -euo pipefail
 BUILD=${BUILD:-build}
 ISA=${K3_ISA:-avx2}
@@ -15,7 +15,7 @@ make --no-print-directory -s BUILD="$BUILD" "$BUILD/bench/kernel_once"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 kernels=("$@")
-[ ${#kernels[@]} -gt 0 ] || kernels=(mxi8 mxf32 int8 int4)
+[ ${#kernels[@]} -gt 0 ] || kernels=(mxi8 mxf32 int8 int4 int8i int4i)
 printf '%-6s %-6s %3s %14s %12s %12s %9s %8s\n' kernel isa n instr weight_B macs instr/B instr/mac
 for k in "${kernels[@]}"; do
     for n in 1 32; do

@@ -53,7 +53,7 @@ __attribute__((noinline)) void kernel_call(const call_args *a) {
 
 int main(int argc, char **argv) {
     if (argc != 3 && argc != 5) {
-        fprintf(stderr, "usage: kernel_once mxf32|mxi8|int8|int4 N [ROWS COLS]\n");
+        fprintf(stderr, "usage: kernel_once mxf32|mxi8|int8|int4|int8i|int4i N [ROWS COLS]\n");
         return 2;
     }
     const char *k = argv[1];
@@ -61,13 +61,14 @@ int main(int argc, char **argv) {
     int rows, cols;
     if (!strcmp(k, "mxf32") || !strcmp(k, "mxi8")) {
         a.kind = !strcmp(k, "mxi8");
-        rows = 3072, cols = 3584; /* K3 expert gate/up */
-    } else if (!strcmp(k, "int8")) {
-        a.kind = 2, rows = 1536, cols = 7168; /* MLA */
-    } else if (!strcmp(k, "int4")) {
+        rows = 3072, cols = 3584;                           /* K3 expert gate/up */
+    } else if (!strcmp(k, "int8") || !strcmp(k, "int8i")) { /* i: K3_DENSE_IDOT's kernel */
+        a.kind = 2, rows = 1536, cols = 7168;               /* MLA */
+    } else if (!strcmp(k, "int4") || !strcmp(k, "int4i")) {
         a.kind = 2, rows = 12288, cols = 7168; /* KDA q/k/v */
     } else {
-        fprintf(stderr, "kernel_once: kernel '%s': not mxf32, mxi8, int8 or int4\n", k);
+        fprintf(stderr, "kernel_once: kernel '%s': not mxf32, mxi8, int8, int4, int8i or int4i\n",
+                k);
         return 2;
     }
     if (argc == 5) rows = atoi(argv[3]), cols = atoi(argv[4]);
@@ -90,7 +91,8 @@ int main(int argc, char **argv) {
     } else {
         k3_qmat *m = &a.qm;
         m->rows = rows, m->cols = cols, m->owned = 1;
-        if (!strcmp(k, "int4")) {
+        m->idot = k[4] == 'i';
+        if (!strncmp(k, "int4", 4)) {
             m->fmt = K3_QF_I4G64;
             m->q4 = k3_xaligned(64, nel / 2);
             fill(m->q4, nel / 2);

@@ -130,4 +130,26 @@ if [ $rc -ne 0 ] && grep -q 'mode 0644' "$T/c6.err"; then
 else
     bad "C6: worker accepted a 0644 secret (rc $rc): $(tail -1 "$T/c6.err")"
 fi
+# --numa-auto: the worker derives the node from its drive (on a VM the kernel
+# says -1: it logs why and serves unpinned); --numa N with it is refused
+"$W" --model "$TINY" --layers 0-8 --listen "tcp://127.0.0.1:$(port)" --numa 0 --numa-auto \
+    --no-bench 2>"$T/na.err"
+rc=$?
+if [ $rc -eq 2 ] && grep -q 'conflicts with --numa-auto' "$T/na.err"; then
+    ok "--numa 0 --numa-auto refused: $(tail -1 "$T/na.err")"
+else
+    bad "--numa 0 --numa-auto (rc $rc): $(tail -1 "$T/na.err")"
+fi
+ep="ipc://$T/na.sock"
+K3_LOG=info "$W" --model "$TINY" --layers 0-4 --listen "$ep" --numa-auto --no-bench 2>"$T/na2.err" &
+wpid=$!
+PIDS+=($wpid)
+for _ in $(seq 50); do grep -q 'serving layers' "$T/na2.err" && break; sleep 0.1; done
+kill -TERM $wpid 2>/dev/null
+wait $wpid 2>/dev/null
+if grep -q -- '--numa-auto: .*model-0000.*safetensors' "$T/na2.err" && grep -q 'serving layers' "$T/na2.err"; then
+    ok "--numa-auto decides from the first layer's shard and serves: $(grep -m1 -- '--numa-auto' "$T/na2.err" | cut -c1-160)"
+else
+    bad "--numa-auto: $(tail -2 "$T/na2.err")"
+fi
 exit $fail
