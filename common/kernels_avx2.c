@@ -334,11 +334,10 @@ static void avx2_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int 
 
 #define MXI8_TC 32  /* tokens per pass (the correction table) */
 #define MXI8_GC 256 /* groups per pass (the scale table) */
-enum { XK_MX = 0, XK_I4 = 1, XK_I8 = 2 };
 
 /* one group of one row -> u (and for I8 the raw weights, the sign source) */
 AVX2_INL __m256i xk_dec(int kind, const uint8_t *p, __m256i *raw) {
-    if (kind == XK_I8) {
+    if (kind == K3_IK_I8) {
         *raw = _mm256_loadu_si256((const __m256i *)p);
         return _mm256_abs_epi8(*raw);
     }
@@ -347,7 +346,7 @@ AVX2_INL __m256i xk_dec(int kind, const uint8_t *p, __m256i *raw) {
     __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
     b = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
                          _mm256_set1_epi8(15));
-    return kind == XK_MX ? _mm256_shuffle_epi8(tab, b) : b;
+    return kind == K3_IK_MX ? _mm256_shuffle_epi8(tab, b) : b;
 }
 
 /* A pair of groups (32 bytes of one row): u of the low nibbles (even
@@ -359,7 +358,7 @@ AVX2_INL void xk_dec2(int kind, const uint8_t *p, __m256i *lo, __m256i *hi) {
     const __m256i b = _mm256_loadu_si256((const __m256i *)p);
     *lo = _mm256_and_si256(b, m15);
     *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m15);
-    if (kind == XK_MX) {
+    if (kind == K3_IK_MX) {
         *lo = _mm256_shuffle_epi8(tab, *lo);
         *hi = _mm256_shuffle_epi8(tab, *hi);
     }
@@ -445,13 +444,13 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
  * factor (f = sx; the caller applies the row scale) and no correction. */
 #define MXI8_TILE_BODY(DOT)                                                                        \
     const int ng = cols / 32;                                                                      \
-    const size_t gbytes = kind == XK_I8 ? 32 : 16;                                                 \
+    const size_t gbytes = kind == K3_IK_I8 ? 32 : 16;                                              \
     __m256 acc[4];                                                                                 \
     UNROLL for (int j = 0; j < T; j++) acc[j] =                                                    \
         g0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(y + j * ldy);                              \
     int g = 0;                                                                                     \
     /* nibble kinds: groups in pairs, 32 bytes per row at once (xk_prep's pair layout) */          \
-    for (; kind != XK_I8 && g + 1 < gn; g += 2) {                                                  \
+    for (; kind != K3_IK_I8 && g + 1 < gn; g += 2) {                                               \
         __m256i ul[8], uh[8];                                                                      \
         const uint8_t *pg = pb + (size_t)(g0 + g) * 16;                                            \
         if (T == 1 && ((size_t)(g0 + g) * 16 & 63) == 0)                                           \
@@ -481,18 +480,18 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
         if (T == 1 && ((size_t)(g0 + g) * gbytes & 63) == 0)                                       \
             UNROLL for (int i = 0; i < 8; i++) pf_next(pg + i * ldp, 8 * ldp);                     \
         UNROLL for (int i = 0; i < 8; i++) u[i] = xk_dec(kind, pg + i * ldp, &w[i]);               \
-        const __m256 e = kind == XK_I8 ? _mm256_setzero_ps() : _mm256_load_ps(eh + g * 8);         \
+        const __m256 e = kind == K3_IK_I8 ? _mm256_setzero_ps() : _mm256_load_ps(eh + g * 8);      \
         UNROLL for (int j = 0; j < T; j++) {                                                       \
             const int8_t *qg = xq + (size_t)j * cols + (size_t)(g0 + g) * 32;                      \
             const __m256i qp = _mm256_loadu_si256((const __m256i *)qg);                            \
             __m256i p[8];                                                                          \
             UNROLL for (int i = 0; i < 8; i++) p[i] =                                              \
-                DOT(u[i], kind == XK_I8 ? _mm256_sign_epi8(qp, w[i]) : qp);                        \
+                DOT(u[i], kind == K3_IK_I8 ? _mm256_sign_epi8(qp, w[i]) : qp);                     \
             __m256i isum = hsum8x8(p);                                                             \
-            if (kind != XK_I8)                                                                     \
+            if (kind != K3_IK_I8)                                                                  \
                 isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(corr[j * ldc + g]));               \
             const __m256 sx = _mm256_broadcast_ss(xs + (size_t)j * ng + g0 + g);                   \
-            const __m256 f = kind == XK_I8 ? sx : _mm256_mul_ps(e, sx);                            \
+            const __m256 f = kind == K3_IK_I8 ? sx : _mm256_mul_ps(e, sx);                         \
             acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), f));            \
         }                                                                                          \
     }                                                                                              \
@@ -525,9 +524,9 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
     MXI8_TILE_FN(NAME, KIND, 2)                                                                    \
     MXI8_TILE_FN(NAME, KIND, 3)                                                                    \
     MXI8_TILE_FN(NAME, KIND, 4)
-MXI8_TILE_FNS(mxi8, XK_MX)
-MXI8_TILE_FNS(xki4, XK_I4)
-MXI8_TILE_FNS(xki8, XK_I8)
+MXI8_TILE_FNS(mxi8, K3_IK_MX)
+MXI8_TILE_FNS(xki4, K3_IK_I4)
+MXI8_TILE_FNS(xki8, K3_IK_I8)
 
 typedef void (*mxi8_fn)(MXI8_ARGS);
 /* [kind][vnni][T - 1] */
@@ -553,21 +552,19 @@ static AVX2_FN void mxi8_scales8_fn(const uint8_t *scale, size_t ld, int g0, int
 }
 
 /* Rows [r0, r8) through the 8-row tiles; returns r8 (the caller computes
- * [r8, r1) with its scalar row). mat: a k3_mxfp4 (XK_MX) or k3_qmat. */
+ * [r8, r1) with its scalar row). mat: a k3_mxfp4 (K3_IK_MX) or k3_qmat. */
 static int xk_rows(int kind, int vnni, const void *mat, const int8_t *xq, const float *xs, int n,
                    float *y, int r0, int r1) {
     const k3_mxfp4 *mx = mat;
     const k3_qmat *qm = mat;
-    const int cols = kind == XK_MX ? mx->cols : qm->cols, ng = cols / 32;
-    const int rows = kind == XK_MX ? mx->rows : qm->rows;
-    const size_t ldp = kind == XK_I8 ? (size_t)cols : (size_t)cols / 2;
-    const uint8_t *wb = kind == XK_MX   ? mx->packed
-                        : kind == XK_I4 ? qm->q4
-                                        : (const uint8_t *)qm->q8;
+    const k3_ik_view v = k3_ik_view_of(kind, mat);
+    const int cols = v.cols, ng = cols / 32, rows = v.rows;
+    const size_t ldp = v.ldp;
+    const uint8_t *wb = v.w;
     const int r8 = r0 + (r1 - r0) / 8 * 8;
     if (r8 == r0) return r8;
     /* nibble kinds: a token chunk's activations in the decoders' order */
-    int8_t *qp = kind != XK_I8 ? k3_kern_scratch((size_t)MXI8_TC * cols) : NULL;
+    int8_t *qp = kind != K3_IK_I8 ? k3_kern_scratch((size_t)MXI8_TC * cols) : NULL;
     _Alignas(32) float eh[MXI8_GC * 8]; /* [group][8 rows] group factors */
     int32_t corr[MXI8_TC * MXI8_GC];    /* [token][group] bias * sum(q) */
     for (int t0 = 0; t0 < n; t0 += MXI8_TC) {
@@ -579,16 +576,16 @@ static int xk_rows(int kind, int vnni, const void *mat, const int8_t *xq, const 
         }
         for (int g0 = 0; g0 < ng; g0 += MXI8_GC) {
             const int gn = ng - g0 < MXI8_GC ? ng - g0 : MXI8_GC;
-            if (kind != XK_I8)
+            if (kind != K3_IK_I8)
                 for (int j = 0; j < tn; j++)
                     for (int g = 0; g < gn; g++)
                         corr[j * MXI8_GC + g] =
                             mxi8_corr(xq + (size_t)(t0 + j) * cols + (size_t)(g0 + g) * 32,
-                                      kind == XK_MX ? 12 : 8);
+                                      kind == K3_IK_MX ? 12 : 8);
             for (int r = r0; r < r8; r += 8) {
-                if (kind == XK_MX)
+                if (kind == K3_IK_MX)
                     mxi8_scales8_fn(mx->scale + (size_t)r * ng, (size_t)ng, g0, gn, eh);
-                else if (kind == XK_I4)
+                else if (kind == K3_IK_I4)
                     for (int g = 0; g < gn; g++)
                         for (int i = 0; i < 8; i++)
                             eh[g * 8 + i] =
@@ -602,7 +599,7 @@ static int xk_rows(int kind, int vnni, const void *mat, const int8_t *xq, const 
                 }
             }
         }
-        if (kind == XK_I8) /* the row scale last, as the scalar row does */
+        if (kind == K3_IK_I8) /* the row scale last, as the scalar row does */
             for (int j = 0; j < tn; j++)
                 for (int r = r0; r < r8; r++) y[(size_t)(t0 + j) * rows + r] *= qm->scales[r];
     }
@@ -613,7 +610,7 @@ static void mx_i8_rows(int vnni, const k3_mxfp4 *w, const int8_t *xq, const floa
                        float *y, int r0, int r1) {
     const int cols = w->cols, ng = cols / 32;
     const size_t ldp = (size_t)cols / 2;
-    const int r8 = xk_rows(XK_MX, vnni, w, xq, xs, n, y, r0, r1);
+    const int r8 = xk_rows(K3_IK_MX, vnni, w, xq, xs, n, y, r0, r1);
     for (int r = r8; r < r1; r++)
         for (int t = 0; t < n; t++)
             y[(size_t)t * w->rows + r] =
@@ -633,7 +630,7 @@ void k3_mx_i8_rows_vnni256(const k3_mxfp4 *w, const int8_t *xq, const float *xs,
 
 static void q8_rows(int vnni, const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y,
                     int r0, int r1) {
-    const int r8 = xk_rows(m->fmt == K3_QF_I8 ? XK_I8 : XK_I4, vnni, m, xq, xs, n, y, r0, r1);
+    const int r8 = xk_rows(m->fmt == K3_QF_I8 ? K3_IK_I8 : K3_IK_I4, vnni, m, xq, xs, n, y, r0, r1);
     k3_q8_rows_scalar(m, xq, xs, n, y, r8, r1);
 }
 

@@ -9,18 +9,21 @@
  * and runs the scalar lane tree. Weights are decoded to floats by 16-entry
  * vpermps table lookups.
  *
- * MXFP4 integer-dot: 16 rows at a time with ROWS in the 32-bit lanes, so the
- * group's integer sum lands in a row lane directly (no horizontal sums) and
- * the float part is the scalar's operation sequence per row. Per group, the
- * 16 rows' 32 doubled values d = 2v (s8) are transposed into 8 vectors of
- * 4 columns x 16 rows; the activations enter as q + 128 (u8, broadcast per
- * 4 columns) through vpdpbusd, and 128 * sum(d) is taken back (exact).
- * Below ZI8_MIN_N tokens the shuffles of that transpose cost more than they
- * save, and the 8-row ymm kernel of kernels_avx2.c runs with vpdpbusd.
+ * Integer-dot (MXFP4 experts, and the opt-in dense int8 / int4): 16 rows at
+ * a time with ROWS in the 32-bit lanes, so the group's integer sum lands in
+ * a row lane directly (no horizontal sums) and the float part is the
+ * scalar's operation sequence per row. Per group, the 16 rows' weights are
+ * decoded to u8 (w + bias) and transposed into 8 vectors of 4 columns x 16
+ * rows; each token's signed activations enter as the {1to16} broadcast
+ * memory operand of vpdpbusd (inline asm: GCC does not fold it), and
+ * bias * sum(q), precomputed per (token, group), is the sum's start value.
+ * Below ZI8_MIN_N tokens the transpose costs more than it saves, and the
+ * 8-row ymm kernel of kernels_avx2.c runs with vpdpbusd.
  *
- * Measured on the Zen 4 (Genoa) this was tuned on: zmm instructions are
- * double-pumped there, so AVX-512 wins by needing fewer instructions per
- * weight (vpermps decode, vpdpbusd), not by width.
+ * On the AMD EPYC this was tuned on, 8 independent zmm vpdpbusd chains
+ * retire 3.6 G/s per core and 8 vfmadd231ps chains a quarter of that in
+ * multiply-adds (bench_kernels prints both), so the integer paths win by
+ * needing fewer instructions per weight, not by width alone.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -350,11 +353,10 @@ Z_INL void zi8_scales(const uint8_t *scale, size_t ld, int g0, int gn, float *eh
  * vpdpbusd as its unsigned operand u = w + bias (w the integer weight), so
  * the signed activations q can be the {1to16} broadcast memory operand;
  * bias * sum(q) is taken back per (token, group) by the start value.
- *   ZK_MX: MXFP4, w = d = 2v (-12..12), bias 12, columns of a group as
+ *   K3_IK_MX: MXFP4, w = d = 2v (-12..12), bias 12, columns of a group as
  *          [even | odd] (activations permuted the same way)
- *   ZK_I4: int4-g64, w = nibble - 8, so u is the nibble, bias 8, [even | odd]
- *   ZK_I8: int8 per-row, bias 128, columns in order */
-enum { ZK_MX = 0, ZK_I4 = 1, ZK_I8 = 2 };
+ *   K3_IK_I4: int4-g64, w = nibble - 8, so u is the nibble, bias 8, [even | odd]
+ *   K3_IK_I8: int8 per-row, bias 128, columns in order */
 static const int zk_bias[3] = {12, 8, 128};
 
 /* One group (32 columns) of 16 rows -> D[k] = dword k (4 columns) of rows
@@ -365,7 +367,7 @@ Z_INL void zk_decode(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
     const __m256i sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     __m256i d[16];
     UNROLL for (int i = 0; i < 16; i++) {
-        if (kind == ZK_I8) { /* 32 bytes of the row, + 128 */
+        if (kind == K3_IK_I8) { /* 32 bytes of the row, + 128 */
             d[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + i * ldp)),
                                     _mm256_set1_epi8((char)0x80));
             continue;
@@ -373,7 +375,7 @@ Z_INL void zk_decode(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
         /* 16 packed bytes: low nibbles | high nibbles */
         __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + i * ldp)));
         b = _mm256_and_si256(_mm256_srlv_epi32(b, sh), _mm256_set1_epi8(15));
-        d[i] = kind == ZK_MX ? _mm256_shuffle_epi8(tab, b) : b;
+        d[i] = kind == K3_IK_MX ? _mm256_shuffle_epi8(tab, b) : b;
     }
     /* Z[i] = [row i | row i+4], Z[4+i] = [row 8+i | row 12+i]: the 8x8 dword
      * transposes of both halves then give rows 0-3, 4-7, 8-11, 12-15 in the
@@ -403,11 +405,11 @@ Z_INL void zk_decode(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
  * group): MXFP4 2^(s-127)/2, int4 the group-64 scale of the 32-column half.
  * int8 has none (its row scale comes last). */
 Z_INL void zk_factors(int kind, const void *mat, int r, int g0, int gn, float *eh) {
-    if (kind == ZK_MX) {
+    if (kind == K3_IK_MX) {
         const k3_mxfp4 *w = mat;
         const int ng = w->cols / 32;
         zi8_scales(w->scale + (size_t)r * ng, (size_t)ng, g0, gn, eh);
-    } else if (kind == ZK_I4) {
+    } else if (kind == K3_IK_I4) {
         const k3_qmat *m = mat;
         const int ng64 = m->cols / 64;
         const float *s4 = m->scales + (size_t)r * ng64;
@@ -433,15 +435,12 @@ Z_INL __m512i dpbusd_bcast(__m512i isum, __m512i u, const int8_t *p) {
  * f = sx, and y = acc * s_row at the end). */
 Z_INL void zk_tile(int kind, const void *mat, int r, const int8_t *qp, const int32_t *qc,
                    const float *xs, int tn, float *eh, float *y, int T) {
-    const k3_mxfp4 *mx = mat;
     const k3_qmat *qm = mat;
-    const int cols = kind == ZK_MX ? mx->cols : qm->cols, ng = cols / 32;
-    const int rows = kind == ZK_MX ? mx->rows : qm->rows;
-    const size_t ldp = kind == ZK_I8 ? (size_t)cols : (size_t)cols / 2;
-    const uint8_t *wb = kind == ZK_MX   ? mx->packed
-                        : kind == ZK_I4 ? qm->q4
-                                        : (const uint8_t *)qm->q8;
-    const size_t gbytes = kind == ZK_I8 ? 32 : 16; /* one group of one row */
+    const k3_ik_view v = k3_ik_view_of(kind, mat);
+    const int cols = v.cols, ng = cols / 32, rows = v.rows;
+    const size_t ldp = v.ldp;
+    const uint8_t *wb = v.w;
+    const size_t gbytes = kind == K3_IK_I8 ? 32 : 16; /* one group of one row */
     __m512 acc[ZI8_T];
     UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
@@ -449,7 +448,8 @@ Z_INL void zk_tile(int kind, const void *mat, int r, const int8_t *qp, const int
         __m512i D[8];
         const uint8_t *wg = wb + (size_t)r * ldp + (size_t)g * gbytes;
         zk_decode(kind, wg, ldp, D);
-        const __m512 e = kind == ZK_I8 ? _mm512_setzero_ps() : _mm512_load_ps(eh + (g & 63) * 16);
+        const __m512 e =
+            kind == K3_IK_I8 ? _mm512_setzero_ps() : _mm512_load_ps(eh + (g & 63) * 16);
         const int8_t *qg = qp + (size_t)g * tn * 32;
         const int32_t *cg = qc + (size_t)g * tn;
         const float *sg = xs + (size_t)g * tn;
@@ -464,12 +464,12 @@ Z_INL void zk_tile(int kind, const void *mat, int r, const int8_t *qp, const int
                 dpbusd_bcast(isum[j - j0], D[k], qg + j * 32 + 4 * k);
             UNROLL for (int j = j0; j < jn; j++) {
                 const __m512 sx = _mm512_set1_ps(sg[j]);
-                const __m512 f = kind == ZK_I8 ? sx : _mm512_mul_ps(e, sx);
+                const __m512 f = kind == K3_IK_I8 ? sx : _mm512_mul_ps(e, sx);
                 acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[j - j0]), f));
             }
         }
     }
-    if (kind == ZK_I8) {
+    if (kind == K3_IK_I8) {
         const __m512 srow = _mm512_loadu_ps(qm->scales + r);
         UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_mul_ps(acc[j], srow);
     }
@@ -503,9 +503,9 @@ typedef void (*zk_fn)(const void *, int, const int8_t *, const int32_t *, const 
     static const zk_fn NAME##_fns[ZI8_T] = {                                                       \
         NAME##_1, NAME##_2,  NAME##_3,  NAME##_4,  NAME##_5,  NAME##_6,  NAME##_7,  NAME##_8,      \
         NAME##_9, NAME##_10, NAME##_11, NAME##_12, NAME##_13, NAME##_14, NAME##_15, NAME##_16};
-ZK_TILE_FNS(zkmx, ZK_MX)
-ZK_TILE_FNS(zki4, ZK_I4)
-ZK_TILE_FNS(zki8, ZK_I8)
+ZK_TILE_FNS(zkmx, K3_IK_MX)
+ZK_TILE_FNS(zki4, K3_IK_I4)
+ZK_TILE_FNS(zki8, K3_IK_I8)
 
 /* q [n][cols], s [n][cols/32] -> group-major: qp [ng][n][32] (s8; the
  * group's columns as [even | odd] when perm), qc [ng][n] = -bias * sum of
@@ -556,7 +556,7 @@ static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, 
         const int tn = n - t0 < tch ? n - t0 : tch;
         int32_t *qc = (int32_t *)(qp + (size_t)tn * cols); /* cols % 32 == 0: aligned */
         float *xt = (float *)(qc + (size_t)tn * ng);
-        zk_prep(xq + (size_t)t0 * cols, xs + (size_t)t0 * ng, tn, cols, kind != ZK_I8,
+        zk_prep(xq + (size_t)t0 * cols, xs + (size_t)t0 * ng, tn, cols, kind != K3_IK_I8,
                 zk_bias[kind], qp, qc, xt);
         for (int r = r0; r < r16; r += 16)
             for (int t = 0, tiles = (tn + ZI8_T - 1) / ZI8_T; t < tn;) {
@@ -578,7 +578,7 @@ static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
     }
     const int cols = w->cols, ng = cols / 32;
     const size_t ldp = (size_t)cols / 2;
-    const int r16 = zk_rows(ZK_MX, zkmx_fns, w, w->rows, cols, xq, xs, n, y, r0, r1);
+    const int r16 = zk_rows(K3_IK_MX, zkmx_fns, w, w->rows, cols, xq, xs, n, y, r0, r1);
     for (int r = r16; r < r1; r++)
         for (int t = 0; t < n; t++)
             y[(size_t)t * w->rows + r] =
@@ -592,9 +592,9 @@ static void z_q8_rows(const k3_qmat *m, const int8_t *xq, const float *xs, int n
         k3_q8_rows_vnni256(m, xq, xs, n, y, r0, r1);
         return;
     }
-    const int kind = m->fmt == K3_QF_I8 ? ZK_I8 : ZK_I4;
-    const int r16 = zk_rows(kind, kind == ZK_I8 ? zki8_fns : zki4_fns, m, m->rows, m->cols, xq, xs,
-                            n, y, r0, r1);
+    const int kind = m->fmt == K3_QF_I8 ? K3_IK_I8 : K3_IK_I4;
+    const int r16 = zk_rows(kind, kind == K3_IK_I8 ? zki8_fns : zki4_fns, m, m->rows, m->cols, xq,
+                            xs, n, y, r0, r1);
     k3_q8_rows_scalar(m, xq, xs, n, y, r16, r1);
 }
 

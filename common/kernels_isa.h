@@ -43,6 +43,27 @@ extern const int8_t k3_e2m1_x2[16];
 float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols, const int8_t *xq,
                           const float *xs);
 
+/* The integer-dot kernels' weight kinds (kernels_avx2.c, kernels_avx512.c)
+ * and their common view of a matrix: rows of ldp bytes from w. */
+enum { K3_IK_MX = 0, K3_IK_I4 = 1, K3_IK_I8 = 2 }; /* MXFP4, int4-g64, int8 */
+typedef struct k3_ik_view {
+    int rows, cols;
+    size_t ldp;       /* bytes per row */
+    const uint8_t *w; /* row 0 */
+} k3_ik_view;
+
+/* mat: a k3_mxfp4 for K3_IK_MX, else a k3_qmat */
+static inline k3_ik_view k3_ik_view_of(int kind, const void *mat) {
+    const k3_mxfp4 *mx = mat;
+    const k3_qmat *qm = mat;
+    k3_ik_view v;
+    v.rows = kind == K3_IK_MX ? mx->rows : qm->rows;
+    v.cols = kind == K3_IK_MX ? mx->cols : qm->cols;
+    v.ldp = kind == K3_IK_I8 ? (size_t)v.cols : (size_t)v.cols / 2;
+    v.w = kind == K3_IK_MX ? mx->packed : kind == K3_IK_I4 ? qm->q4 : (const uint8_t *)qm->q8;
+    return v;
+}
+
 /* The scalar dense integer-dot row (k3_qmat_matmul_q8_rows): backends use
  * it for tail rows and levels without a vector version. */
 float k3_q8_row_scalar(const k3_qmat *m, int r, const int8_t *xq, const float *xs);

@@ -59,6 +59,28 @@ out:
     return st;
 }
 
+/* ---- the shards of a layer ---- */
+
+/* Marks in mine[] (n_shards entries) the shards holding tensors every
+ * layer l has (its input norm, its first expert), under both name
+ * prefixes; through the index only, so no shard is opened. */
+static k3_status layer_shards(st_index *idx, int l, unsigned char *mine, int n_shards, char *err,
+                              size_t errlen) {
+    static const char *const prefixes[2] = {"language_model.", ""};
+    static const char *const suffixes[2] = {"input_layernorm.weight",
+                                            "block_sparse_moe.experts.0.w1.weight_packed"};
+    k3_status st = K3_OK;
+    for (int p = 0; p < 2 && !st; p++)
+        for (int s = 0; s < 2 && !st; s++) {
+            char name[K3_ST_MAX_NAME];
+            snprintf(name, sizeof name, "%smodel.layers.%d.%s", prefixes[p], l, suffixes[s]);
+            const st_tensor *t = NULL;
+            st = st_find_opt(idx, name, &t, err, errlen);
+            if (!st && t && t->shard >= 0 && t->shard < n_shards) mine[t->shard] = 1;
+        }
+    return st;
+}
+
 /* ---- the drive's NUMA node ---- */
 
 /* The kernel's node in the nearest numa_node file at or above dir (a sysfs
@@ -125,20 +147,17 @@ k3_status wk_layer_shard(const char *model_dir, const char *const *dirs, int n_d
     st_open_opts so = {model_dir, dirs, n_dirs};
     k3_status st = st_open(&idx, &so, err, errlen);
     if (st) return st;
-    static const char *const prefixes[2] = {"language_model.", ""};
-    static const char *const suffixes[2] = {"input_layernorm.weight",
-                                            "block_sparse_moe.experts.0.w1.weight_packed"};
-    const st_tensor *t = NULL;
-    for (int p = 0; p < 2 && !st && !t; p++)
-        for (int s = 0; s < 2 && !st && !t; s++) {
-            char name[K3_ST_MAX_NAME];
-            snprintf(name, sizeof name, "%smodel.layers.%d.%s", prefixes[p], layer, suffixes[s]);
-            st = st_find_opt(idx, name, &t, err, errlen);
-        }
-    if (!st && !t)
+    int n_shards = st_shard_count(idx);
+    unsigned char *mine = k3_xcalloc((size_t)(n_shards > 0 ? n_shards : 1), 1);
+    st = layer_shards(idx, layer, mine, n_shards, err, errlen);
+    int first = -1;
+    for (int s = 0; s < n_shards && first < 0; s++)
+        if (mine[s]) first = s;
+    if (!st && first < 0)
         st = k3_errf(K3_ERR_MISSING, err, errlen, "layer %d: no input_layernorm or expert tensor",
                      layer);
-    if (!st) snprintf(path, pathlen, "%s", st_shard_path(idx, t->shard));
+    if (!st) snprintf(path, pathlen, "%s", st_shard_path(idx, first));
+    free(mine);
     st_close(&idx);
     return st;
 }
@@ -192,22 +211,11 @@ k3_status wk_bench_read(const char *model_dir, const char *const *dirs, int n_di
     st_open_opts so = {model_dir, dirs, n_dirs};
     k3_status st = st_open(&idx, &so, err, errlen);
     if (st) return st;
-    /* The shards of our layers: look up tensors each layer has, under both
-     * name prefixes; with an index.json only their shards are opened. */
-    static const char *const prefixes[2] = {"language_model.", ""};
-    static const char *const suffixes[2] = {"input_layernorm.weight",
-                                            "block_sparse_moe.experts.0.w1.weight_packed"};
+    /* the shards of our layers (with an index.json only they are opened) */
     int n_shards = st_shard_count(idx);
     unsigned char *mine = k3_xcalloc((size_t)(n_shards > 0 ? n_shards : 1), 1);
     for (int l = layer_a; l < layer_b && !st; l++)
-        for (int p = 0; p < 2 && !st; p++)
-            for (int s = 0; s < 2 && !st; s++) {
-                char name[K3_ST_MAX_NAME];
-                snprintf(name, sizeof name, "%smodel.layers.%d.%s", prefixes[p], l, suffixes[s]);
-                const st_tensor *t = NULL;
-                st = st_find_opt(idx, name, &t, err, errlen);
-                if (!st && t && t->shard >= 0 && t->shard < n_shards) mine[t->shard] = 1;
-            }
+        st = layer_shards(idx, l, mine, n_shards, err, errlen);
     void *buf = NULL;
     if (!st && posix_memalign(&buf, 4096, BENCH_BLOCK) != 0) {
         buf = NULL;

@@ -50,6 +50,11 @@ DECODE=${DECODE:-3}
 SESS_TOKENS=${SESS_TOKENS:-4}
 SLOTS=${SLOTS:-4}
 CACHE_PER=${CACHE_PER:-layer} # layer | worker (see above)
+# compute threads per worker: all = every core each (the workers then
+# oversubscribe the cores when N > cores); split = cores / N (at least 1),
+# as workers on their own NUMA nodes or hosts would have
+WORKER_THREADS=${WORKER_THREADS:-all}
+case $WORKER_THREADS in all | split) ;; *) echo "bench-drives: WORKER_THREADS=$WORKER_THREADS: all or split" >&2; exit 2 ;; esac
 case $CACHE_PER in layer | worker) ;; *) echo "bench-drives: CACHE_PER=$CACHE_PER: layer or worker" >&2; exit 2 ;; esac
 LOAD_TIMEOUT=${LOAD_TIMEOUT:-600} # s for the workers to load
 SLICE=${DRIVES_SLICE:-$CACHE/slice-l5e24}
@@ -180,13 +185,18 @@ make --no-print-directory -s BUILD="$BUILD" all "$BUILD/bench/bench_drives"
 echo "bench-drives: $SLICE ($((total / 1000000)) MB of layer shards), $(nproc) cores,"\
      "drives of $DRIVE_MBPS MB/s (loop + ext4 in /dev/shm, blkio throttle), $SLOTS expert"\
      "slots per MoE layer $([ "$CACHE_PER" = worker ] && echo "of the model for every worker (CACHE_PER=worker)" || echo "of each worker (CACHE_PER=layer)"),"\
-     "prompt $PROMPT, chunk $CHUNK / pipe-chunk $PIPE_CHUNK"
+     "prompt $PROMPT, chunk $CHUNK / pipe-chunk $PIPE_CHUNK, worker threads $WORKER_THREADS"
 t_all=$(date +%s)
 
 # ---- one configuration ------------------------------------------------------
 run_n() {
     local N=$1 i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
     plan=$($PY -c "$PLAN_PY" "$SLICE" "$N" "$SLOTS" "$CACHE_PER") || return 1
+    local wthreads=$(nproc)
+    if [ "$WORKER_THREADS" = split ]; then
+        wthreads=$(($(nproc) / N))
+        [ "$wthreads" -ge 1 ] || wthreads=1
+    fi
     echo
     echo "=== $N worker(s) ==="
     local t_setup; t_setup=$(date +%s)
@@ -208,7 +218,7 @@ run_n() {
         # the worker starts inside its drive's cgroup (the shell execs into it)
         sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
             "$BUILD/k3-worker" --model "$T/model" --dirs "$T/drive$i" --layers "$a-$b" \
-            --listen "ipc://$T/w$i.sock" --expert-gb "$gb" --usage off --no-bench \
+            --listen "ipc://$T/w$i.sock" --expert-gb "$gb" --usage off --no-bench --threads "$wthreads" \
             --name "drive$i" >"$T/w$i.log" 2>&1 &
         PIDS+=($!)
         dev=$(basename "$loop")
