@@ -368,6 +368,16 @@ static void fill_view(const k3_experts *s, const exp_slot *slot, int32_t e, k3_e
                        s->cfg.moe_inter, s->cfg.latent};
 }
 
+int k3_experts_cached(k3_experts *s, int layer, int32_t e) {
+    exp_layer *L = s ? exp_layer_of(s, layer) : NULL;
+    if (!L || !L->loaded || e < 0 || e >= s->cfg.n_experts) return 0;
+    pthread_mutex_lock(&L->mu);
+    int j = L->slot_of[e];
+    int r = j >= 0 && L->slots[j].state != EXP_SLOT_FAILED;
+    pthread_mutex_unlock(&L->mu);
+    return r;
+}
+
 /* ---- batches ---- */
 
 /* Victim slot for a miss of a batch: an unpinned slot, empty first, then

@@ -99,6 +99,10 @@ size_t k3_experts_slot_bytes(const k3_experts *s);
  * by id). Returns the count. */
 int k3_experts_disk_order(const k3_experts *s, int layer, const uint8_t *selected, int32_t *ids);
 
+/* 1 when expert e of layer is in a slot or being read into one (a snapshot:
+ * an ordering hint, it may change right after). */
+int k3_experts_cached(k3_experts *s, int layer, int32_t e);
+
 /* ---- batches: one MoE step's experts, streamed ----
  *
  * A batch takes the n distinct experts of a step in the order they will be

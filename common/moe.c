@@ -3,11 +3,15 @@
  * LatentMoE over a chunk: the router, the latent down projection, the shared
  * experts and the latent up projection are batched over the chunk. The
  * routed experts are deduplicated: the union of the chunk's selections is
- * walked in disk order (k3_experts_disk_order) as one expert batch (read
- * ahead by the store's loader threads), each expert used once and applied
- * to every position that selected it. A position therefore
- * accumulates its experts in the same disk order whatever the chunk, which
- * is what makes chunked prefill bit-identical to token-at-a-time.
+ * one expert batch (read ahead by the store's loader threads), each expert
+ * used once and applied to every position that selected it. The batch runs
+ * the experts already cached first, then the misses, each part in disk
+ * order (k3_experts_disk_order), so the cached ones compute while the
+ * misses are read into the slots they free. Each output row is kept per
+ * (position, selection) and a position sums its experts in disk order at
+ * the end, whatever order they ran in and whatever the chunk: that is what
+ * makes chunked prefill bit-identical to token-at-a-time, and the result
+ * independent of the cache. Cost: [T][topk][latent] floats of scratch.
  *
  * Overlap: the batch is opened right after the router, so the first
  * window of expert reads runs under the latent down projection and the
@@ -129,8 +133,11 @@ size_t k3_moe_scratch_bytes(const k3_config *c, int T) {
            + 2 * k3_arena_round(sizeof(float) * t * Lt)                           /* zg, y */
            + k3_arena_round(t * Lt) + k3_arena_round(sizeof(float) * t * Lt / 32) /* zqg zsg */
            + expert_scratch_bytes(c, T) +
-           2 * k3_arena_round(sizeof(float) * t * S) /* shared g, u */
-           + k3_arena_round(sizeof(float) * t * D);  /* shared out */
+           2 * k3_arena_round(sizeof(int32_t) * E)      /* run order, disk ranks */
+           + k3_arena_round(sizeof(int) * t)            /* gathered selection index */
+           + k3_arena_round(sizeof(float) * t * K * Lt) /* expert outputs per selection */
+           + 2 * k3_arena_round(sizeof(float) * t * S)  /* shared g, u */
+           + k3_arena_round(sizeof(float) * t * D);     /* shared out */
 }
 
 k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, const float *x,
@@ -157,14 +164,27 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     int32_t *order = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);
     int n_union = k3_experts_disk_order(lc->experts, layer, in_union, order);
 
+    /* Compute order: the experts already cached first, then the rest, each
+     * part in disk order. While the cached ones compute, their slots free
+     * up and the misses are read into them, instead of the first misses
+     * holding up the start. The sums are still taken in disk order (below),
+     * so the order is free to follow the cache. */
+    int32_t *run = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);  /* [n_union] */
+    int32_t *rank = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E); /* [E] disk position */
+    int n_run = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n_union; i++)
+            if (k3_experts_cached(lc->experts, layer, order[i]) == (pass == 0))
+                run[n_run++] = order[i];
+    for (int i = 0; i < n_union; i++) rank[order[i]] = i;
+
     /* The routed experts' reads start now (the batch admits its first
      * window and queues the misses to the loader threads), so the latent
      * down projection and the shared experts below compute while the
-     * drive works. The order of the sums is the disk order whatever the
-     * cache holds, so results do not depend on it. */
+     * drive works. */
     k3_expert_batch *batch = NULL;
     k3_status st =
-        k3_experts_batch_open(&batch, lc->experts, layer, order, n_union, stats, err, errlen);
+        k3_experts_batch_open(&batch, lc->experts, layer, run, n_run, stats, err, errlen);
     if (st != K3_OK) return st;
 
     /* latent input z = W_down x                           [T][latent] */
@@ -185,23 +205,27 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     k3_situ(sg, sg, su, T * S, cfg->situ_b1, cfg->situ_b2);
     k3_qmat_matmul(&w->sh_down, sg, T, ys, pool);
 
-    /* routed experts in disk order, each over the rows that chose it:
-     * expert i computes while the loader threads read i+1.. (K3_PIPE) */
+    /* routed experts in run order, each over the rows that chose it:
+     * expert i computes while the loader threads read i+1.. (K3_PIPE);
+     * each output row is kept per (position, selection) */
     float *U = K3_ARENA_F(ar, (size_t)T * LT); /* [T][latent] weighted sum */
     memset(U, 0, sizeof(float) * (size_t)T * LT);
     int *rows = k3_arena_alloc(ar, sizeof(int) * (size_t)T);
+    int *rsel = k3_arena_alloc(ar, sizeof(int) * (size_t)T); /* selection index k of each row */
     float *rw = K3_ARENA_F(ar, (size_t)T);
     float *zg = K3_ARENA_F(ar, (size_t)T * LT); /* gathered z rows */
     int8_t *zqg = k3_arena_alloc(ar, (size_t)T * LT);
     float *zsg = K3_ARENA_F(ar, (size_t)T * G);
-    float *y = K3_ARENA_F(ar, (size_t)T * LT); /* [n][latent] expert outputs */
-    for (int i = 0; i < n_union; i++) {
-        int32_t e = order[i];
+    float *y = K3_ARENA_F(ar, (size_t)T * LT);        /* [n][latent] expert outputs */
+    float *ysel = K3_ARENA_F(ar, (size_t)T * K * LT); /* [T][topk][latent] */
+    for (int i = 0; i < n_run; i++) {
+        int32_t e = run[i];
         int n = 0;
         for (int t = 0; t < T; t++)
             for (int k = 0; k < n_sel[t]; k++)
                 if (sel[(size_t)t * K + k] == e) {
                     rows[n] = t;
+                    rsel[n] = k;
                     rw[n] = sel_w[(size_t)t * K + k];
                     n++;
                 }
@@ -221,16 +245,34 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
         k3_moe_expert_apply(lc, &view, zg, zqg, zsg, n, y, ar);
         ar->used = mark;
         k3_experts_batch_put(batch, i);
-        /* U[t] += w_e * y */
-        for (int r = 0; r < n; r++) {
-            float *u = U + (size_t)rows[r] * LT;
-            const float *yr = y + (size_t)r * LT;
-            float we = rw[r];
-            for (int j = 0; j < LT; j++) u[j] = u[j] + we * yr[j];
-        }
+        for (int r = 0; r < n; r++)
+            memcpy(ysel + ((size_t)rows[r] * K + (size_t)rsel[r]) * LT, y + (size_t)r * LT,
+                   sizeof(float) * (size_t)LT);
     }
     k3_experts_batch_close(&batch);
     if (st != K3_OK) return st;
+
+    /* U[t] += w_e y_e over t's experts in disk order, whatever order they
+     * ran in: the same sums as a walk of the union in disk order, so the
+     * bits depend neither on the cache nor on the chunk */
+    for (int t = 0; t < T; t++) {
+        int ks[K3_MAX_TOPK];
+        int m = n_sel[t];
+        for (int k = 0; k < m; k++) { /* insertion sort by disk rank (m <= topk) */
+            int j = k;
+            while (j > 0 && rank[sel[(size_t)t * K + ks[j - 1]]] > rank[sel[(size_t)t * K + k]]) {
+                ks[j] = ks[j - 1];
+                j--;
+            }
+            ks[j] = k;
+        }
+        float *u = U + (size_t)t * LT;
+        for (int q = 0; q < m; q++) {
+            const float *yr = ysel + ((size_t)t * K + (size_t)ks[q]) * LT;
+            const float we = sel_w[(size_t)t * K + ks[q]];
+            for (int j = 0; j < LT; j++) u[j] = u[j] + we * yr[j];
+        }
+    }
 
     /* RMSNorm of the aggregate, then back to D: out = W_up U, + y_shared */
     for (int t = 0; t < T; t++)
