@@ -55,13 +55,6 @@ static inline void pf_next(const void *p, size_t block_bytes) {
     _mm_prefetch((const char *)p + block_bytes, _MM_HINT_T1);
 }
 
-/* 4 bytes as an int32 (any alignment) */
-static inline int32_t ld32(const void *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* acc + a*b rounded once: the scalar's fmaf(a, b, acc) */
 Z_INL __m512 mul_add(__m512 acc, __m512 a, __m512 b) { return _mm512_fmadd_ps(a, b, acc); }
 
@@ -78,22 +71,6 @@ Z_INL void dec_nib(const uint8_t *p, __m512 tab, __m512 *ev, __m512 *od) {
     const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
     *ev = _mm512_permutexvar_ps(b, tab);
     *od = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), tab);
-}
-
-/* int4 (q + 8 stored): 16 packed bytes -> the values q = nib - 8 of the low
- * (columns 2k) and high (2k+1) nibbles as floats, without table lookups:
- * the float with bits 0x4B000000 | nib is exactly 2^23 + nib, so
- * subtracting 2^23 + 8 leaves nib - 8 exactly. One widening shuffle per
- * 16 bytes instead of three (vpermps is the scarce port here). */
-Z_INL void dec_i4(const uint8_t *p, __m512 *ev, __m512 *od) {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
-    const __m512i magic = _mm512_set1_epi32(0x4B000000);
-    const __m512 off = _mm512_set1_ps(8388616.0f); /* 2^23 + 8 */
-    /* (b & 15) | magic: ternary logic A&B | C, imm 0xEA */
-    const __m512i lo = _mm512_ternarylogic_epi32(b, _mm512_set1_epi32(15), magic, 0xEA);
-    const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(b, 4), magic);
-    *ev = _mm512_sub_ps(_mm512_castsi512_ps(lo), off);
-    *od = _mm512_sub_ps(_mm512_castsi512_ps(hi), off);
 }
 
 /* Activations into nibble order, per block of 32: [x0 x2 .. x30 | x1 x3 .. x31]. */
@@ -305,7 +282,6 @@ static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0,
 /* ---- MXFP4 integer-dot, 16 rows per block ---- */
 
 #define ZI8_T     16 /* tokens per tile (accumulators in registers) */
-#define ZI8_IL    4  /* tokens whose dot chains interleave */
 #define ZI8_MIN_N 3  /* below: k3_mx_i8_rows_vnni256 (the 8-row ymm kernel) is faster */
 
 /* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
@@ -453,20 +429,13 @@ Z_INL void zk_tile(int kind, const void *mat, int r, const int8_t *qp, const int
         const int8_t *qg = qp + (size_t)g * tn * 32;
         const int32_t *cg = qc + (size_t)g * tn;
         const float *sg = xs + (size_t)g * tn;
-        /* tokens in groups of ZI8_IL, their dot chains interleaved (each
-         * vpdpbusd depends on the previous one of its token) */
-        UNROLL for (int j0 = 0; j0 < T; j0 += ZI8_IL) {
-            const int jn = T < j0 + ZI8_IL ? T : j0 + ZI8_IL;
-            __m512i isum[ZI8_IL];
+        UNROLL for (int j = 0; j < T; j++) {
             /* sum((w + bias) q) - bias sum(q) = sum(w q), exact */
-            UNROLL for (int j = j0; j < jn; j++) isum[j - j0] = _mm512_set1_epi32(cg[j]);
-            UNROLL for (int k = 0; k < 8; k++) UNROLL for (int j = j0; j < jn; j++) isum[j - j0] =
-                dpbusd_bcast(isum[j - j0], D[k], qg + j * 32 + 4 * k);
-            UNROLL for (int j = j0; j < jn; j++) {
-                const __m512 sx = _mm512_set1_ps(sg[j]);
-                const __m512 f = kind == K3_IK_I8 ? sx : _mm512_mul_ps(e, sx);
-                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(isum[j - j0]), f));
-            }
+            __m512i isum = _mm512_set1_epi32(cg[j]);
+            UNROLL for (int k = 0; k < 8; k++) isum = dpbusd_bcast(isum, D[k], qg + j * 32 + 4 * k);
+            const __m512 sx = _mm512_set1_ps(sg[j]);
+            const __m512 f = kind == K3_IK_I8 ? sx : _mm512_mul_ps(e, sx);
+            acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(isum), f));
         }
     }
     if (kind == K3_IK_I8) {
