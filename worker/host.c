@@ -81,6 +81,22 @@ static k3_status layer_shards(st_index *idx, int l, unsigned char *mine, int n_s
     return st;
 }
 
+/* Opens the index of model_dir (+ dirs) and marks the shards of layers
+ * [a, b) in *mine (n_shards entries, owned by the caller: free). */
+static k3_status open_layer_shards(const char *model_dir, const char *const *dirs, int n_dirs,
+                                   int a, int b, st_index **idx, unsigned char **mine,
+                                   int *n_shards, char *err, size_t errlen) {
+    *idx = NULL;
+    *mine = NULL;
+    st_open_opts so = {model_dir, dirs, n_dirs};
+    k3_status st = st_open(idx, &so, err, errlen);
+    if (st) return st;
+    *n_shards = st_shard_count(*idx);
+    *mine = k3_xcalloc((size_t)(*n_shards > 0 ? *n_shards : 1), 1);
+    for (int l = a; l < b && !st; l++) st = layer_shards(*idx, l, *mine, *n_shards, err, errlen);
+    return st;
+}
+
 /* ---- the drive's NUMA node ---- */
 
 /* The kernel's node in the nearest numa_node file at or above dir (a sysfs
@@ -144,12 +160,11 @@ k3_status wk_drive_numa(const char *path, const char *sysfs, int *node, char *wh
 k3_status wk_layer_shard(const char *model_dir, const char *const *dirs, int n_dirs, int layer,
                          char *path, size_t pathlen, char *err, size_t errlen) {
     st_index *idx = NULL;
-    st_open_opts so = {model_dir, dirs, n_dirs};
-    k3_status st = st_open(&idx, &so, err, errlen);
-    if (st) return st;
-    int n_shards = st_shard_count(idx);
-    unsigned char *mine = k3_xcalloc((size_t)(n_shards > 0 ? n_shards : 1), 1);
-    st = layer_shards(idx, layer, mine, n_shards, err, errlen);
+    unsigned char *mine = NULL;
+    int n_shards = 0;
+    k3_status st = open_layer_shards(model_dir, dirs, n_dirs, layer, layer + 1, &idx, &mine,
+                                     &n_shards, err, errlen);
+    if (st && !idx) return st;
     int first = -1;
     for (int s = 0; s < n_shards && first < 0; s++)
         if (mine[s]) first = s;
@@ -207,15 +222,13 @@ k3_status wk_bench_read(const char *model_dir, const char *const *dirs, int n_di
     *gbps = 0;
     *bytes_read = 0;
     *direct_used = 0;
-    st_index *idx = NULL;
-    st_open_opts so = {model_dir, dirs, n_dirs};
-    k3_status st = st_open(&idx, &so, err, errlen);
-    if (st) return st;
     /* the shards of our layers (with an index.json only they are opened) */
-    int n_shards = st_shard_count(idx);
-    unsigned char *mine = k3_xcalloc((size_t)(n_shards > 0 ? n_shards : 1), 1);
-    for (int l = layer_a; l < layer_b && !st; l++)
-        st = layer_shards(idx, l, mine, n_shards, err, errlen);
+    st_index *idx = NULL;
+    unsigned char *mine = NULL;
+    int n_shards = 0;
+    k3_status st = open_layer_shards(model_dir, dirs, n_dirs, layer_a, layer_b, &idx, &mine,
+                                     &n_shards, err, errlen);
+    if (st && !idx) return st;
     void *buf = NULL;
     if (!st && posix_memalign(&buf, 4096, BENCH_BLOCK) != 0) {
         buf = NULL;
