@@ -6,7 +6,7 @@
  * Exact-float kernels follow the scalar 16-lane order of kernels.c bit for
  * bit: lanes 0-7 live in one ymm accumulator (columns 16j+0..7), lanes 8-15
  * in a second one (16j+8..15); vfmadd where the scalar calls fmaf (both
- * round once); the final hsum16(lo, hi) is the scalar lane tree. MXFP4
+ * round once); the final k3_lane_tree8x2(lo, hi) is the scalar lane tree. MXFP4
  * uses doubled e2m1 values and 2^(s-127)/2 like the scalar; nibble formats
  * run in the nibble order of kernels.c on permuted activations (the decoders
  * never interleave nibbles). Integer-dot kernels keep the float part
@@ -22,19 +22,11 @@
 #include <string.h>
 
 #include "kernels_isa.h"
+#include "lane_tree.h"
 
 #define AVX2_FN  __attribute__((target("avx2,fma")))
 #define AVX2_INL static inline __attribute__((target("avx2,fma"), always_inline))
 #define UNROLL   _Pragma("GCC unroll 8")
-
-/* the scalar lane tree on lo + hi: ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)) */
-AVX2_INL float hsum16(__m256 lo, __m256 hi) {
-    __m256 v = _mm256_add_ps(lo, hi);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* Decode (n = 1) streams a block of R consecutive rows at once (R streams,
  * interleaved); the hardware prefetcher alone reaches ~2/3 of the read
@@ -136,7 +128,7 @@ AVX2_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, floa
         }
     }
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
-        float s = hsum16(a0[i][j], a1[i][j]);
+        float s = k3_lane_tree8x2(a0[i][j], a1[i][j]);
         for (int cc = c; cc < cols; cc++) {
             const float wv =
                 kind == 0 ? wf[(size_t)i * cols + cc] : (float)wq[(size_t)i * cols + cc];
@@ -189,7 +181,7 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
         }
     }
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
-        hsum16(a0[i][j], a1[i][j]);
+        k3_lane_tree8x2(a0[i][j], a1[i][j]);
 }
 
 /* MXFP4 exact-float in nibble order (x permuted): gs = v(2k) x(2k), then
@@ -225,7 +217,7 @@ AVX2_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int 
         }
     }
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
-        hsum16(a0[i][j], a1[i][j]);
+        k3_lane_tree8x2(a0[i][j], a1[i][j]);
 }
 
 /* One out-of-line function per (kind, R, T), compiled with R and T constant

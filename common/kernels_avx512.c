@@ -30,21 +30,12 @@
 #include <string.h>
 
 #include "kernels_isa.h"
+#include "lane_tree.h"
 
 #define Z_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma"
 #define Z_FN     __attribute__((target(Z_TARGET)))
 #define Z_INL    static inline __attribute__((target(Z_TARGET), always_inline))
 #define UNROLL   _Pragma("GCC unroll 16")
-
-/* the scalar lane tree: t = lo8 + hi8, ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)) */
-Z_INL float hsum16(__m512 a) {
-    __m256 v = _mm256_add_ps(_mm512_castps512_ps256(a),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* Decode (n = 1) streams a block of R consecutive rows at once (R streams,
  * interleaved); the hardware prefetcher alone reaches ~2/3 of the read
@@ -113,7 +104,7 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
         }
     }
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
-        float s = hsum16(acc[i][j]);
+        float s = k3_lane_tree16(acc[i][j]);
         for (int cc = c; cc < cols; cc++) {
             const float wv =
                 kind == 0 ? wf[(size_t)i * cols + cc] : (float)wq[(size_t)i * cols + cc];
@@ -157,7 +148,7 @@ Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, i
         }
     }
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
-        hsum16(acc[i][j]);
+        k3_lane_tree16(acc[i][j]);
 }
 
 /* MXFP4 exact-float in nibble order (x permuted): gs = v(2k) x(2k), fma with
@@ -189,7 +180,7 @@ Z_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int R, 
         }
     }
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
-        hsum16(acc[i][j]);
+        k3_lane_tree16(acc[i][j]);
 }
 
 typedef void (*tile_fn)(const void *mat, int r, const float *x, float *out);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "lane_tree.h"
 #include "ops_isa.h"
 
 #define OPS_FN  __attribute__((target("avx2,fma")))
@@ -101,14 +102,8 @@ OPS_INL vf vf_blend(vm m, vf t, vf f) {
     return (vf){_mm256_blendv_ps(f.lo, t.lo, m.lo), _mm256_blendv_ps(f.hi, t.hi, m.hi)};
 }
 
-/* the scalar lane tree on lo + hi: ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)) */
-OPS_INL float vf_hsum(vf a) {
-    __m256 v = _mm256_add_ps(a.lo, a.hi);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+/* the scalar lane tree (common/lane_tree.h) */
+OPS_INL float vf_hsum(vf a) { return k3_lane_tree8x2(a.lo, a.hi); }
 
 OPS_INL __m256 dec_i8x8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));

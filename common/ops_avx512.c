@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "lane_tree.h"
 #include "ops_isa.h"
 
 #define Z_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"
@@ -73,15 +74,8 @@ OPS_INL vf vf_pow2i(vf k) {
 OPS_INL vm vf_isnan(vf a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
 OPS_INL vf vf_blend(vm m, vf t, vf f) { return _mm512_mask_blend_ps(m, f, t); }
 
-/* the scalar lane tree: t = lo8 + hi8, ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7)) */
-OPS_INL float vf_hsum(vf a) {
-    __m256 v = _mm256_add_ps(_mm512_castps512_ps256(a),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+/* the scalar lane tree (common/lane_tree.h) */
+OPS_INL float vf_hsum(vf a) { return k3_lane_tree16(a); }
 
 OPS_INL vf vf_dec_i8(const int8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));

@@ -195,14 +195,8 @@ static OPS_FN void OPS_NAME(conv4)(float *u, float *win, const float *taps, int 
         }
         memcpy(u + c, s, sizeof s);
     }
-    for (int c = dl; c < d; c++) { /* the scalar operations */
-        float *w = win + (size_t)c * 4;
-        const float *t = taps + (size_t)c * 4;
-        w[0] = w[1], w[1] = w[2], w[2] = w[3], w[3] = u[c];
-        float acc = 0.0f;
-        for (int j = 0; j < 4; j++) acc += t[j] * w[j];
-        u[c] = acc;
-    }
+    /* the d % 16 tail: the scalar op itself (columns are independent) */
+    if (dl < d) k3_ops_scalar.conv4(u + dl, win + (size_t)dl * 4, taps + (size_t)dl * 4, d - dl);
 }
 
 /* ---- MLA ---- */
