@@ -20,34 +20,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "common/log.h"
 #include "common/kernels.h"
 #include "common/pool.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
+#include "tests/bench/bench_util.h"
 
 static void fill_bytes(void *p, size_t n) {
     uint8_t *b = p;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        uint64_t v = rnd();
+        uint64_t v = bench_rnd();
         memcpy(b + i, &v, 8);
     }
-    for (; i < n; i++) b[i] = (uint8_t)rnd();
+    for (; i < n; i++) b[i] = (uint8_t)bench_rnd();
 }
 
 static double g_min_time = 0.25; /* seconds per measurement */
@@ -96,10 +83,10 @@ static double stream_read(int threads, const uint8_t *buf, size_t bytes) {
     k3_pool_run(pool, rd_task, &j, threads); /* warm */
     double best = 0;                         /* best of 4 passes */
     for (int rep = 0; rep < 4; rep++) {
-        double t0 = now_s();
+        double t0 = k3_now_s();
         k3_pool_run(pool, rd_task, &j, threads);
-        double gbs =
-            (double)(bytes / (size_t)threads / 128 * 128 * (size_t)threads) / (now_s() - t0) / 1e9;
+        double gbs = (double)(bytes / (size_t)threads / 128 * 128 * (size_t)threads) /
+                     (k3_now_s() - t0) / 1e9;
         best = gbs > best ? gbs : best;
     }
     return best;
@@ -193,9 +180,9 @@ static double int8_peak(int kind, int threads) {
     double best = 0; /* GOP/s, best of 3 */
     for (int rep = 0; rep < 3; rep++) {
         pk_job j = {.kind = kind};
-        double t0 = now_s();
+        double t0 = k3_now_s();
         k3_pool_run(threads == 1 ? NULL : g_pool2, pk_task, &j, threads);
-        double dt = now_s() - t0;
+        double dt = k3_now_s() - t0;
         double macs = (double)PEAK_ITERS *
                       (kind == 2   ? 8 * 16
                        : kind == 1 ? 8 * 64
@@ -237,7 +224,8 @@ static void weights_make(kweights *kw, const kshape *s, int copies) {
         for (int c = 0; c < copies; c++) {
             uint8_t *b = k3_xaligned(64, kw->bytes);
             fill_bytes(b, nel / 2);
-            for (size_t i = 0; i < nel / 32; i++) b[nel / 2 + i] = (uint8_t)(112 + rnd() % 11);
+            for (size_t i = 0; i < nel / 32; i++)
+                b[nel / 2 + i] = (uint8_t)(112 + bench_rnd() % 11);
             kw->mxbuf[c] = b;
             kw->mx[c] =
                 (k3_mxfp4){.packed = b, .scale = b + nel / 2, .rows = s->rows, .cols = s->cols};
@@ -300,14 +288,14 @@ static double time_kernel(const kshape *s, kweights *kw, int use, const kio *io,
                           k3_pool *pool) {
     for (int c = 0; c < use; c++) run_once(s, kw, c, io, n, pool); /* warm / fault in */
     int iters = 0;
-    double best = 1e30, t_start = now_s();
+    double best = 1e30, t_start = k3_now_s();
     do {
-        double t0 = now_s();
+        double t0 = k3_now_s();
         run_once(s, kw, iters % use, io, n, pool);
-        double dt = now_s() - t0;
+        double dt = k3_now_s() - t0;
         best = dt < best ? dt : best;
         iters++;
-    } while (now_s() - t_start < g_min_time || iters < 3);
+    } while (k3_now_s() - t_start < g_min_time || iters < 3);
     return best;
 }
 
@@ -358,12 +346,12 @@ int main(int argc, char **argv) {
 
     /* pool overhead */
     {
-        double t0 = now_s();
+        double t0 = k3_now_s();
         int runs = 20000;
         rd_job j = {.buf = NULL, .bytes = 0, .parts = 2};
         for (int i = 0; i < runs; i++) k3_pool_run(g_pool2, rd_task, &j, 2);
         printf("# pool: an empty 2-thread k3_pool_run costs %.2f us\n",
-               (now_s() - t0) / runs * 1e6);
+               (k3_now_s() - t0) / runs * 1e6);
     }
 
     static const kshape shapes[] = {
@@ -403,7 +391,7 @@ int main(int argc, char **argv) {
         weights_make(&kw, s, copies);
         float *x = malloc(sizeof(float) * nmax * s->cols);
         for (size_t i = 0; i < (size_t)nmax * s->cols; i++)
-            x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+            x[i] = (float)((int)(bench_rnd() % 2001) - 1000) / 1000.0f;
         int8_t *q = malloc((size_t)nmax * s->cols);
         float *qs = malloc(sizeof(float) * nmax * s->cols / 32);
         k3_act_quant_q8(x, nmax, s->cols, q, qs);
@@ -438,16 +426,17 @@ int main(int argc, char **argv) {
     {
         const int cols = 3584, n = 32;
         float *x = malloc(sizeof(float) * n * cols);
-        for (int i = 0; i < n * cols; i++) x[i] = (float)((int)(rnd() % 2001) - 1000) / 1000.0f;
+        for (int i = 0; i < n * cols; i++)
+            x[i] = (float)((int)(bench_rnd() % 2001) - 1000) / 1000.0f;
         int8_t *q = malloc((size_t)n * cols);
         float *s = malloc(sizeof(float) * n * cols / 32);
         int iters = 0;
-        double t0 = now_s();
-        while (now_s() - t0 < g_min_time) {
+        double t0 = k3_now_s();
+        while (k3_now_s() - t0 < g_min_time) {
             k3_act_quant_q8(x, n, cols, q, s);
             iters++;
         }
-        printf("\n# act quant 32x3584: %.1f us per call\n", (now_s() - t0) / iters * 1e6);
+        printf("\n# act quant 32x3584: %.1f us per call\n", (k3_now_s() - t0) / iters * 1e6);
         free(x);
         free(q);
         free(s);

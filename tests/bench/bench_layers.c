@@ -21,26 +21,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/log.h"
 #include "common/kernels.h"
 #include "common/layers.h"
 #include "common/pool.h"
+#include "tests/bench/bench_util.h"
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+static float frand(void) {
+    return (float)((double)(bench_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
-
-static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static float frand(void) { return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0); }
 
 static float *fvec(size_t n, float scale) {
     float *v = k3_xaligned(64, n * sizeof(float));
@@ -61,13 +51,13 @@ static void qmat_rand(k3_qmat *m, int rows, int cols, int bits) {
     } else if (bits <= 4 && cols % 64 == 0) {
         m->fmt = K3_QF_I4G64;
         m->q4 = k3_xaligned(64, nel / 2);
-        for (size_t i = 0; i < nel / 2; i++) m->q4[i] = (uint8_t)rnd();
+        for (size_t i = 0; i < nel / 2; i++) m->q4[i] = (uint8_t)bench_rnd();
         m->scales = k3_xaligned(64, (size_t)rows * (cols / 64) * sizeof(float));
         for (size_t i = 0; i < (size_t)rows * (cols / 64); i++) m->scales[i] = s / 4.6f;
     } else {
         m->fmt = K3_QF_I8;
         m->q8 = k3_xaligned(64, nel);
-        for (size_t i = 0; i < nel; i++) m->q8[i] = (int8_t)((int)(rnd() % 255) - 127);
+        for (size_t i = 0; i < nel; i++) m->q8[i] = (int8_t)((int)(bench_rnd() % 255) - 127);
         m->scales = k3_xaligned(64, (size_t)rows * sizeof(float));
         for (int r = 0; r < rows; r++) m->scales[r] = s / 73.0f;
     }
@@ -90,9 +80,9 @@ static k3_config k3_cfg(void) {
         stmt;                                                                                      \
         double best_ = 1e30;                                                                       \
         for (int r_ = 0; r_ < (reps); r_++) {                                                      \
-            double t0_ = now_s();                                                                  \
+            double t0_ = k3_now_s();                                                               \
             stmt;                                                                                  \
-            double dt_ = (now_s() - t0_) * 1e3;                                                    \
+            double dt_ = (k3_now_s() - t0_) * 1e3;                                                 \
             best_ = dt_ < best_ ? dt_ : best_;                                                     \
         }                                                                                          \
         best_;                                                                                     \

@@ -16,18 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/kernels.h"
-
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-static uint64_t rnd(void) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
+#include "tests/bench/bench_util.h"
 
 static void fill(uint8_t *b, size_t n) {
-    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)bench_rnd();
 }
 
 typedef struct {
@@ -52,6 +46,7 @@ __attribute__((noinline)) void kernel_call(const call_args *a) {
 }
 
 int main(int argc, char **argv) {
+    bench_rng = 0x9E3779B97F4A7C15ull; /* this program's own seed */
     if (argc != 3 && argc != 5) {
         fprintf(stderr, "usage: kernel_once mxf32|mxi8|int8|int4|int8i|int4i N [ROWS COLS]\n");
         return 2;
@@ -85,7 +80,7 @@ int main(int argc, char **argv) {
     if (a.kind < 2) {
         uint8_t *b = k3_xaligned(64, nel / 2 + nel / 32);
         fill(b, nel / 2);
-        for (size_t i = 0; i < nel / 32; i++) b[nel / 2 + i] = (uint8_t)(112 + rnd() % 11);
+        for (size_t i = 0; i < nel / 32; i++) b[nel / 2 + i] = (uint8_t)(112 + bench_rnd() % 11);
         a.mx = (k3_mxfp4){.packed = b, .scale = b + nel / 2, .rows = rows, .cols = cols};
         bytes = nel / 2 + nel / 32;
     } else {
@@ -109,7 +104,7 @@ int main(int argc, char **argv) {
     }
     float *x = malloc(sizeof(float) * (size_t)a.n * cols);
     for (size_t i = 0; i < (size_t)a.n * cols; i++)
-        x[i] = (float)((int)(rnd() % 2001) - 1000) / 1e3f;
+        x[i] = (float)((int)(bench_rnd() % 2001) - 1000) / 1e3f;
     int8_t *q = malloc((size_t)a.n * cols);
     float *qs = malloc(sizeof(float) * (size_t)a.n * cols / 32);
     k3_act_quant_q8(x, a.n, cols, q, qs);
