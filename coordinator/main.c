@@ -37,6 +37,7 @@
 #include "common/tokenizer.h"
 #include "generate.h"
 #include "keygen.h"
+#include "proto/link.h"
 
 /* ---- the option table -------------------------------------------------- */
 
@@ -194,16 +195,7 @@ static const k3_opt coord_table[] = {
      .max = K3_MAX_WORKERS,
      .metavar = "EP1,EP2",
      .help = "k3-worker endpoints (tcp://HOST:PORT, ipc://PATH); replaces --local"},
-    {.name = "hb_ms",
-     .flag = "--hb-ms",
-     .env = "K3_HB_MS",
-     .type = K3_OPT_INT,
-     .offset = O(hb_ms),
-     .def = "1000",
-     .min = 100,
-     .max = 19000,
-     .metavar = "MS",
-     .help = "cluster heartbeat; a worker is dead after 3 silent intervals"},
+    K3_LINK_OPT_HB_MS(coord_opts, hb_ms),
     {.name = "step_timeout_ms",
      .flag = "--step-timeout-ms",
      .env = "K3_STEP_TIMEOUT_MS",
@@ -233,18 +225,8 @@ static const k3_opt coord_table[] = {
      .max = K3_MAX_SESSIONS,
      .metavar = "N",
      .help = "session states each local worker holds, 0 = the worker's default"},
-    {.name = "insecure",
-     .flag = "--insecure",
-     .type = K3_OPT_BOOL,
-     .offset = O(insecure),
-     .help = "allow plain tcp workers off loopback (no CURVE)"},
-    {.name = "curve_secret",
-     .flag = "--curve-secret",
-     .env = "K3_CURVE_SECRET",
-     .type = K3_OPT_STRING,
-     .offset = O(curve_secret),
-     .metavar = "FILE",
-     .help = "our CURVE key pair (k3-coordinator keygen), mode 0600"},
+    K3_LINK_OPT_INSECURE(coord_opts, insecure),
+    K3_LINK_OPT_CURVE_SECRET(coord_opts, curve_secret),
     {.name = "worker_keys",
      .flag = "--worker-keys",
      .env = "K3_WORKER_KEYS",

@@ -28,6 +28,7 @@
 #include "common/err.h"
 #include "common/model.h"
 #include "proto/proto.h"
+#include "common/opts.h"
 
 /* Build identity sent in HELLO / HELLO_OK (logged, never compared). */
 #define K3_LINK_BUILD "k3shard proto 1.1"
@@ -138,5 +139,23 @@ k3_status k3_link_fingerprint(const char *model_dir, const k3_config *cfg, doubl
 
 /* The numeric settings of a model's options (isa: the level in use). */
 void k3_link_numerics(const k3_model_opts *o, int exact, proto_numerics *out);
+
+/* ---- option rows both programs use (common/opts.h tables) ----
+ * One definition of the link settings each side of a link reads, so the
+ * flag, variable, range and help cannot differ between k3-coordinator and
+ * k3-worker. T: the program's option struct, f: its field. */
+// clang-format off
+#define K3_LINK_OPT_HB_MS(T, f)                                                                    \
+    {.name = "hb_ms", .flag = "--hb-ms", .env = "K3_HB_MS", .type = K3_OPT_INT,                   \
+     .offset = offsetof(T, f), .def = "1000", .min = 100, .max = 19000, .metavar = "MS",          \
+     .help = "heartbeat interval; a peer is dead after 3 silent intervals"}
+#define K3_LINK_OPT_INSECURE(T, f)                                                                 \
+    {.name = "insecure", .flag = "--insecure", .type = K3_OPT_BOOL, .offset = offsetof(T, f),     \
+     .help = "allow plain tcp off loopback (no CURVE)"}
+#define K3_LINK_OPT_CURVE_SECRET(T, f)                                                             \
+    {.name = "curve_secret", .flag = "--curve-secret", .env = "K3_CURVE_SECRET",                  \
+     .type = K3_OPT_STRING, .offset = offsetof(T, f), .metavar = "FILE",                          \
+     .help = "this process's CURVE key pair (k3-coordinator keygen), mode 0600"}
+// clang-format on
 
 #endif
