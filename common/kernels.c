@@ -83,6 +83,8 @@ static void *scratch_in(size_t bytes) { return scratch_slot(1, bytes); }
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static k3_isa g_detected = K3_ISA_SCALAR;
+static int g_vbmi_cpu; /* AVX-512 VBMI present */
+int k3_kern_vbmi;
 static _Atomic(const k3_kern_ops *) g_ops;
 
 const char *k3_isa_name(k3_isa level) {
@@ -117,9 +119,19 @@ static k3_isa detect_cpu(void) {
 #endif
 }
 
+static int cpu_has_vbmi(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return __builtin_cpu_supports("avx512vbmi");
+#else
+    return 0;
+#endif
+}
+
 static void isa_init(void) {
     for (int s = 0; s < 256; s++) k3_e8m0_half[s] = k3_e8m0_to_f32((uint8_t)s) * 0.5f;
     g_detected = detect_cpu();
+    g_vbmi_cpu = g_detected == K3_ISA_AVX512 && cpu_has_vbmi();
+    k3_kern_vbmi = g_vbmi_cpu;
     k3_isa use = g_detected;
     const char *env = getenv("K3_ISA");
     if (env && *env) {
@@ -157,6 +169,14 @@ k3_isa k3_isa_detect(void) {
 }
 
 k3_isa k3_isa_active(void) { return ops()->isa; }
+
+k3_status k3_isa_force_vbmi(int on, char *err, size_t errlen) {
+    pthread_once(&g_once, isa_init);
+    if (on && !g_vbmi_cpu)
+        return k3_errf(K3_ERR_ARG, err, errlen, "isa avx512 vbmi: this CPU has no AVX-512 VBMI");
+    k3_kern_vbmi = on != 0;
+    return K3_OK;
+}
 
 k3_status k3_isa_force(k3_isa level, char *err, size_t errlen) {
     pthread_once(&g_once, isa_init);

@@ -36,6 +36,9 @@ k3_isa k3_isa_detect(void); /* best level the CPU supports */
 k3_isa k3_isa_active(void); /* level in use (K3_ISA or detected) */
 k3_status k3_isa_force(k3_isa level, char *err, size_t errlen); /* tests; fails if unsupported */
 const char *k3_isa_name(k3_isa level);
+/* tests: the AVX-512 level's VBMI decode off (0) or on (1, fails where the
+ * CPU lacks VBMI); results are the same bits either way */
+k3_status k3_isa_force_vbmi(int on, char *err, size_t errlen);
 
 /* ---- dense weights ---- */
 typedef enum k3_qfmt { K3_QF_F32 = 0, K3_QF_I8 = 1, K3_QF_I4G64 = 4 } k3_qfmt;

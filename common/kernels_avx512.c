@@ -17,8 +17,9 @@
  * rows; each token's signed activations enter as the {1to16} broadcast
  * memory operand of vpdpbusd (inline asm: GCC does not fold it), and
  * bias * sum(q), precomputed per (token, group), is the sum's start value.
- * Below ZI8_MIN_N tokens the transpose costs more than it saves, and the
- * 8-row ymm kernel of kernels_avx2.c runs with vpdpbusd.
+ * Below ZI8_MIN_N tokens the transpose costs more than it saves: the nibble
+ * kinds run zv_tile (rows through the reduction instead) and int8 the
+ * 8-row ymm kernel of kernels_avx2.c with vpdpbusd.
  *
  * On the AMD EPYC this was tuned on, 8 independent zmm vpdpbusd chains
  * retire 3.6 G/s per core and 8 vfmadd231ps chains a quarter of that in
@@ -38,11 +39,13 @@
 #define UNROLL   _Pragma("GCC unroll 16")
 
 /* Decode (n = 1) streams a block of R consecutive rows at once (R streams,
- * interleaved); the hardware prefetcher alone reaches ~2/3 of the read
+ * interleaved); the hardware prefetcher alone reaches under half the read
  * bandwidth there. So while a block runs, the same position of the NEXT
  * block (block_bytes ahead: the rows are contiguous) is prefetched into L2,
- * once per cache line of each row. */
-static inline void pf_next(const void *p, size_t block_bytes) {
+ * once per cache line of each row. Always inlined with the tiles' target:
+ * as a plain static inline, GCC did not inline it into them and then
+ * dropped the call as free of side effects, so no prefetch was issued. */
+Z_INL void pf_next(const void *p, size_t block_bytes) {
     _mm_prefetch((const char *)p + block_bytes, _MM_HINT_T1);
 }
 
@@ -273,7 +276,7 @@ static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0,
 /* ---- MXFP4 integer-dot, 16 rows per block ---- */
 
 #define ZI8_T     16 /* tokens per tile (accumulators in registers) */
-#define ZI8_MIN_N 3  /* below: k3_mx_i8_rows_vnni256 (the 8-row ymm kernel) is faster */
+#define ZI8_MIN_N 3  /* below: zv_tile, or for int8 the 8-row ymm kernel, is faster */
 
 /* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
  * 16 floats per group. Full chunks of 16 groups go through a 16x16 byte
@@ -368,6 +371,47 @@ Z_INL void zk_decode(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
     }
 }
 
+/* eh[g][i] = the int4 scale of row i (row stride ld floats) for 32-column
+ * groups g0..g0+gn-1 (g0 even): the group-64 scale h = g / 2 serves groups
+ * 2h and 2h+1. Chunks of 16 scales per row through a 16x16 transpose. */
+Z_INL void zi4_scales(const float *s4, size_t ld, int g0, int gn, float *eh) {
+    const int h0 = g0 / 2, hn = (gn + 1) / 2;
+    int h = 0;
+    for (; h + 16 <= hn && 2 * (h + 16) <= gn; h += 16) {
+        __m512 a[16], b[16];
+        UNROLL for (int i = 0; i < 16; i++) a[i] = _mm512_loadu_ps(s4 + (size_t)i * ld + h0 + h);
+        UNROLL for (int i = 0; i < 8; i++) { /* row pairs */
+            b[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);
+            b[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);
+        }
+        UNROLL for (int q = 0; q < 4; q++) /* row quads */
+            UNROLL for (int k = 0; k < 2; k++) {
+            const __m512d x = _mm512_castps_pd(b[4 * q + k]),
+                          y = _mm512_castps_pd(b[4 * q + 2 + k]);
+            a[4 * q + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+            a[4 * q + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+        }
+        /* a[4q + m], lane l of each 128-bit block: row 4q + l, scale 4 * block + m */
+        UNROLL for (int m = 0; m < 4; m++) {
+            /* blocks of quads 0,1 | 2,3 interleaved, then the full 16 rows */
+            const __m512 lo01 = _mm512_shuffle_f32x4(a[m], a[4 + m], 0x88);
+            const __m512 hi01 = _mm512_shuffle_f32x4(a[m], a[4 + m], 0xDD);
+            const __m512 lo23 = _mm512_shuffle_f32x4(a[8 + m], a[12 + m], 0x88);
+            const __m512 hi23 = _mm512_shuffle_f32x4(a[8 + m], a[12 + m], 0xDD);
+            const __m512 c[4] = {
+                _mm512_shuffle_f32x4(lo01, lo23, 0x88), _mm512_shuffle_f32x4(hi01, hi23, 0x88),
+                _mm512_shuffle_f32x4(lo01, lo23, 0xDD), _mm512_shuffle_f32x4(hi01, hi23, 0xDD)};
+            UNROLL for (int k = 0; k < 4; k++) { /* c[k]: scale h + 4k + m of rows 0..15 */
+                const int hh = h + 4 * k + m;
+                _mm512_store_ps(eh + (2 * hh) * 16, c[k]);
+                _mm512_store_ps(eh + (2 * hh + 1) * 16, c[k]);
+            }
+        }
+    }
+    for (int g = 2 * h; g < gn; g++)
+        for (int i = 0; i < 16; i++) eh[g * 16 + i] = s4[(size_t)i * ld + (g0 + g) / 2];
+}
+
 /* Group factors of rows r..r+15 for groups g0..g0+gn-1 (16 floats per
  * group): MXFP4 2^(s-127)/2, int4 the group-64 scale of the 32-column half.
  * int8 has none (its row scale comes last). */
@@ -379,9 +423,7 @@ Z_INL void zk_factors(int kind, const void *mat, int r, int g0, int gn, float *e
     } else if (kind == K3_IK_I4) {
         const k3_qmat *m = mat;
         const int ng64 = m->cols / 64;
-        const float *s4 = m->scales + (size_t)r * ng64;
-        for (int g = 0; g < gn; g++)
-            for (int i = 0; i < 16; i++) eh[g * 16 + i] = s4[(size_t)i * ng64 + (g0 + g) / 2];
+        zi4_scales(m->scales + (size_t)r * ng64, (size_t)ng64, g0, gn, eh);
     }
 }
 
@@ -467,6 +509,17 @@ ZK_TILE_FNS(zkmx, K3_IK_MX)
 ZK_TILE_FNS(zki4, K3_IK_I4)
 ZK_TILE_FNS(zki8, K3_IK_I8)
 
+/* sum of 32 s8: sign-extend to 16 bits, pairwise to 32, then fold */
+Z_INL int32_t sum32_s8(__m256i raw) {
+    const __m256i s16 = _mm256_add_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw)),
+                                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(raw, 1)));
+    const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+    h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+    return _mm_cvtsi128_si32(h);
+}
+
 /* q [n][cols], s [n][cols/32] -> group-major: qp [ng][n][32] (s8; the
  * group's columns as [even | odd] when perm), qc [ng][n] = -bias * sum of
  * the group's q, xt [ng][n] = s */
@@ -475,7 +528,6 @@ static Z_FN void zk_prep(const int8_t *q, const float *s, int n, int cols, int p
     const int ng = cols / 32;
     const __m256i idx = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
                                          4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int t = 0; t < n; t++)
         for (int g = 0; g < ng; g++) {
             const size_t o = (size_t)g * n + t;
@@ -484,16 +536,7 @@ static Z_FN void zk_prep(const int8_t *q, const float *s, int n, int cols, int p
             __m256i v = raw;
             if (perm) v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(raw, idx), 0xD8);
             _mm256_store_si256((__m256i *)(qp + o * 32), v);
-            /* sum of 32 s8: sign-extend to 16 bits, pairwise to 32, then fold */
-            const __m256i s16 =
-                _mm256_add_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw)),
-                                 _mm256_cvtepi8_epi16(_mm256_extracti128_si256(raw, 1)));
-            const __m256i s32 = _mm256_madd_epi16(s16, ones);
-            __m128i h =
-                _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-            h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-            h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
-            qc[o] = -bias * _mm_cvtsi128_si32(h);
+            qc[o] = -bias * sum32_s8(raw);
             xt[o] = s[(size_t)t * ng + g];
         }
 }
@@ -530,10 +573,198 @@ static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, 
     return r16;
 }
 
+/* ---- integer-dot for n = 1, 2: 16 rows, rows through the reduction ----
+ *
+ * MX and I4 only (the nibble kinds; I8 keeps the 8-row ymm kernel). One zmm
+ * load is 64 bytes of a row: 4 groups, one per 128-bit lane. Both nibble
+ * halves are decoded to u = w + bias in place: vpermb with the 16-entry
+ * table repeated over 64 bytes reads the nibble's 4 bits and 2 don't-care
+ * bits, so it needs no mask (without VBMI: and, then vpshufb for MX). Two
+ * vpdpbusd against the token's [evens of the 4 groups] [odds of the 4
+ * groups], started from -bias * sum(q) in dword 0 of each group's lane,
+ * leave each group's exact sum as 4 dword partials in its lane. The 16
+ * rows' partials are folded (unpack + add, twice) and the 128-bit lanes
+ * transposed, so group g's sums of the 16 rows are one vector; the float
+ * part then runs per group in order, as in zk_tile. Per 64 bytes of a row:
+ * 3 decode + 2 dot instructions, and 4 of reduction. */
+
+#define ZV_MAX_N 2 /* tokens per call (ZI8_MIN_N - 1) */
+
+/* vpermb (AVX-512 VBMI): tab's byte idx & 63 for each byte, as inline asm
+ * so that this file keeps one target; run only where k3_kern_vbmi says so */
+Z_INL __m512i permb(__m512i idx, __m512i tab) {
+    __m512i r;
+    __asm__("vpermb %2, %1, %0" : "=v"(r) : "v"(idx), "v"(tab));
+    return r;
+}
+
+/* 64 weight bytes -> u of the low nibbles (even columns) and high nibbles */
+Z_INL void zv_dec(int kind, int vbmi, __m512i b, __m512i tab, __m512i *lo, __m512i *hi) {
+    const __m512i s = _mm512_srli_epi16(b, 4); /* each byte's high nibble in bits 0-3 */
+    if (vbmi) {
+        *lo = permb(b, tab);
+        *hi = permb(s, tab);
+        return;
+    }
+    const __m512i m15 = _mm512_set1_epi8(15);
+    *lo = _mm512_and_si512(b, m15);
+    *hi = _mm512_and_si512(s, m15);
+    if (kind == K3_IK_MX) {
+        *lo = _mm512_shuffle_epi8(tab, *lo);
+        *hi = _mm512_shuffle_epi8(tab, *hi);
+    }
+}
+
+/* 16 vectors of 4 groups x 4 dword partials (one vector per row) -> out[g]
+ * = the 16 rows' sums of group g */
+Z_INL void zv_fold(const __m512i s[16], __m512i out[4]) {
+    __m512i t[8], u[4];
+    UNROLL for (int m = 0; m < 8; m++) /* rows 2m, 2m+1: [a0+a2 b0+b2 a1+a3 b1+b3] per lane */
+        t[m] = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2 * m], s[2 * m + 1]),
+                                _mm512_unpackhi_epi32(s[2 * m], s[2 * m + 1]));
+    UNROLL for (int k = 0; k < 4; k++) /* rows 4k..4k+3, whole sums, per lane */
+        u[k] = _mm512_add_epi32(_mm512_unpacklo_epi64(t[2 * k], t[2 * k + 1]),
+                                _mm512_unpackhi_epi64(t[2 * k], t[2 * k + 1]));
+    const __m512i v0 = _mm512_shuffle_i32x4(u[0], u[1], 0x44),
+                  v1 = _mm512_shuffle_i32x4(u[0], u[1], 0xEE);
+    const __m512i v2 = _mm512_shuffle_i32x4(u[2], u[3], 0x44),
+                  v3 = _mm512_shuffle_i32x4(u[2], u[3], 0xEE);
+    out[0] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+    out[1] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+    out[2] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+    out[3] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+}
+
+/* 16 rows from r x T tokens. Activations (zv_prep), per token and block of
+ * 4 groups: qa [T][nb][128] s8 (evens of the 4 groups, then odds), cv
+ * [T][nb][16] the start values; xs [T][ldxs] the group scales. y: [T][rows]
+ * from row r. */
+Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa, const int32_t *cv,
+                   const float *xs, int ldxs, float *eh, float *y, int T) {
+    const k3_ik_view v = k3_ik_view_of(kind, mat);
+    const int ng = v.cols / 32, nb = (ng + 3) / 4, nbf = ng / 4; /* blocks, full ones */
+    const size_t ldp = v.ldp;
+    const uint8_t *wb = v.w + (size_t)r * ldp;
+    const __m512i tab = kind == K3_IK_MX
+                            ? _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
+                                                                   12, 11, 10, 9, 8, 6, 4, 0))
+                            : _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                                   11, 12, 13, 14, 15));
+    /* the next block's scale bytes, a share per iteration: zk_factors'
+     * reads would otherwise wait on memory once per call */
+    const k3_mxfp4 *mx = mat;
+    const k3_qmat *qm = mat;
+    const size_t sbytes = kind == K3_IK_MX ? (size_t)ng : (size_t)(ng / 2) * sizeof(float);
+    const uint8_t *snext = kind == K3_IK_MX
+                               ? mx->scale + (size_t)(r + 16) * sbytes
+                               : (const uint8_t *)qm->scales + (size_t)(r + 16) * sbytes;
+    const size_t slines = (16 * sbytes + 63) / 64, sper = (slines + nb - 1) / nb;
+    __m512 acc[ZV_MAX_N];
+    UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        for (size_t l = (size_t)b * sper; l < (size_t)(b + 1) * sper && l < slines; l++)
+            _mm_prefetch((const char *)snext + l * 64, _MM_HINT_T0);
+        const int gn = ng - 4 * b < 4 ? ng - 4 * b : 4;
+        if ((b & 15) == 0) zk_factors(kind, mat, r, 4 * b, ng - 4 * b < 64 ? ng - 4 * b : 64, eh);
+        const __mmask64 km = gn == 4 ? ~0ull : (1ull << (16 * gn)) - 1;
+        __m512i qe[ZV_MAX_N], qo[ZV_MAX_N], c0[ZV_MAX_N], s[ZV_MAX_N][16];
+        UNROLL for (int j = 0; j < T; j++) {
+            qe[j] = _mm512_load_si512(qa + ((size_t)j * nb + b) * 128);
+            qo[j] = _mm512_load_si512(qa + ((size_t)j * nb + b) * 128 + 64);
+            c0[j] = _mm512_load_si512(cv + ((size_t)j * nb + b) * 16);
+        }
+        UNROLL for (int i = 0; i < 16; i++) {
+            const uint8_t *p = wb + (size_t)i * ldp + (size_t)b * 64;
+            pf_next(p, 16 * ldp);
+            const __m512i w = b < nbf ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(km, p);
+            __m512i lo, hi;
+            zv_dec(kind, vbmi, w, tab, &lo, &hi);
+            UNROLL for (int j = 0; j < T; j++) s[j][i] =
+                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c0[j], lo, qe[j]), hi, qo[j]);
+        }
+        UNROLL for (int j = 0; j < T; j++) {
+            __m512i out[4];
+            zv_fold(s[j], out);
+            for (int g = 0; g < gn; g++) {
+                const __m512 e = _mm512_load_ps(eh + ((4 * b + g) & 63) * 16);
+                const __m512 f = _mm512_mul_ps(e, _mm512_set1_ps(xs[(size_t)j * ldxs + 4 * b + g]));
+                acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(out[g]), f));
+            }
+        }
+    }
+    UNROLL for (int j = 0; j < T; j++) _mm512_storeu_ps(y + (size_t)j * v.rows, acc[j]);
+}
+
+typedef void (*zv_fn)(const void *, int, const int8_t *, const int32_t *, const float *, int,
+                      float *, float *);
+#define ZV_TILE_FN(NAME, KIND, VBMI, T)                                                            \
+    static Z_FN void NAME##_##T(const void *mat, int r, const int8_t *qa, const int32_t *cv,       \
+                                const float *xs, int ldxs, float *eh, float *y) {                  \
+        zv_tile(KIND, VBMI, mat, r, qa, cv, xs, ldxs, eh, y, T);                                   \
+    }
+#define ZV_TILE_FNS(NAME, KIND, VBMI)                                                              \
+    ZV_TILE_FN(NAME, KIND, VBMI, 1) ZV_TILE_FN(NAME, KIND, VBMI, 2)
+ZV_TILE_FNS(zvmx, K3_IK_MX, 0)
+ZV_TILE_FNS(zvmxb, K3_IK_MX, 1)
+ZV_TILE_FNS(zvi4, K3_IK_I4, 0)
+ZV_TILE_FNS(zvi4b, K3_IK_I4, 1)
+/* [kind][vbmi][T - 1] */
+static const zv_fn zv_fns[2][2][ZV_MAX_N] = {
+    {{zvmx_1, zvmx_2}, {zvmxb_1, zvmxb_2}},
+    {{zvi4_1, zvi4_2}, {zvi4b_1, zvi4b_2}},
+};
+
+/* q [n][cols] -> qa [n][nb][128]: per block of 4 groups the 16 even-column
+ * values of each group (group k at bytes 16k), then the odd ones at 64 +
+ * 16k; cv [n][nb][16]: -bias * sum(q) of group k at dword 4k, zeros
+ * elsewhere. A last partial block is zero-padded. */
+static Z_FN void zv_prep(const int8_t *q, int n, int cols, int bias, int8_t *qa, int32_t *cv) {
+    const int ng = cols / 32, nb = (ng + 3) / 4;
+    const __m256i idx = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
+                                         4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+    memset(qa, 0, (size_t)n * nb * 128);
+    memset(cv, 0, (size_t)n * nb * 16 * sizeof(int32_t));
+    for (int t = 0; t < n; t++)
+        for (int g = 0; g < ng; g++) {
+            const __m256i raw =
+                _mm256_loadu_si256((const __m256i *)(q + (size_t)t * cols + g * 32));
+            /* [evens | odds] of the group */
+            const __m256i v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(raw, idx), 0xD8);
+            int8_t *blk = qa + ((size_t)t * nb + g / 4) * 128 + (g % 4) * 16;
+            _mm_storeu_si128((__m128i *)blk, _mm256_castsi256_si128(v));
+            _mm_storeu_si128((__m128i *)(blk + 64), _mm256_extracti128_si256(v, 1));
+            cv[((size_t)t * nb + g / 4) * 16 + (g % 4) * 4] = -bias * sum32_s8(raw);
+        }
+}
+
+/* Rows [r0, r16) of n <= ZV_MAX_N tokens in blocks of 16; returns r16. */
+static int zv_rows(int kind, const void *mat, const int8_t *xq, const float *xs, int n, float *y,
+                   int r0, int r1) {
+    const k3_ik_view v = k3_ik_view_of(kind, mat);
+    const int ng = v.cols / 32, nb = (ng + 3) / 4;
+    const int r16 = r0 + (r1 - r0) / 16 * 16;
+    if (r16 == r0) return r16;
+    const size_t per_tok = (size_t)nb * (128 + 16 * sizeof(int32_t));
+    const int tch = k3_kern_chunk(n, per_tok);
+    int8_t *qa = k3_kern_scratch((size_t)tch * per_tok);
+    _Alignas(64) float eh[64 * 16];
+    const int vbmi = k3_kern_vbmi;
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        int32_t *cv = (int32_t *)(qa + (size_t)tn * nb * 128);
+        zv_prep(xq + (size_t)t0 * v.cols, tn, v.cols, zk_bias[kind], qa, cv);
+        for (int r = r0; r < r16; r += 16)
+            zv_fns[kind][vbmi][tn - 1](mat, r, qa, cv, xs + (size_t)t0 * ng, ng, eh,
+                                       y + (size_t)t0 * v.rows + r);
+    }
+    return r16;
+}
+
 static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y, int r0,
                     int r1) {
     if (n < ZI8_MIN_N) {
-        k3_mx_i8_rows_vnni256(w, xq, xs, n, y, r0, r1);
+        const int r16 = zv_rows(K3_IK_MX, w, xq, xs, n, y, r0, r1);
+        if (r16 < r1) k3_mx_i8_rows_vnni256(w, xq, xs, n, y, r16, r1);
         return;
     }
     const int cols = w->cols, ng = cols / 32;
@@ -549,7 +780,8 @@ static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
 static void z_q8_rows(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y, int r0,
                       int r1) {
     if (n < ZI8_MIN_N) {
-        k3_q8_rows_vnni256(m, xq, xs, n, y, r0, r1);
+        const int r16 = m->fmt == K3_QF_I4G64 ? zv_rows(K3_IK_I4, m, xq, xs, n, y, r0, r1) : r0;
+        if (r16 < r1) k3_q8_rows_vnni256(m, xq, xs, n, y, r16, r1);
         return;
     }
     const int kind = m->fmt == K3_QF_I8 ? K3_IK_I8 : K3_IK_I4;

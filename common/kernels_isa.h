@@ -35,6 +35,9 @@ extern const k3_kern_ops k3_kern_avx512;
 /* 2^(s-127) * 0.5 for every ue8m0 byte (s=0 -> +0, 255 -> +inf): the group
  * factor of the doubled-value MXFP4 kernels. Filled by the dispatcher. */
 extern float k3_e8m0_half[256];
+/* Whether the AVX-512 level may use VBMI (vpermb): cpuid, or
+ * k3_isa_force_vbmi. Set by the dispatcher; bits are the same either way. */
+extern int k3_kern_vbmi;
 /* 2*v(n) for every e2m1 nibble: exact integers {0,1,2,3,4,6,8,12} and negatives. */
 extern const int8_t k3_e2m1_x2[16];
 
@@ -71,8 +74,9 @@ void k3_q8_rows_scalar(const k3_qmat *m, const int8_t *xq, const float *xs, int 
                        int r1);
 
 /* The AVX2 integer-dot kernel with vpdpbusd on ymm (needs AVX-512 VL + VNNI):
- * the AVX-512 level's choice for small n, where its 16-row transposed kernel
- * spends more on shuffles than it saves. Same bits as every level. */
+ * the AVX-512 level's choice for int8 at small n, where its 16-row
+ * transposed kernel spends more on shuffles than it saves, and for the rows
+ * after the last full block of 16. Same bits as every level. */
 void k3_mx_i8_rows_vnni256(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
                            int r0, int r1);
 /* The same 8-row ymm kernel for the dense integer-dot formats (I8, I4G64). */

@@ -40,6 +40,7 @@ static float *fvec(size_t n) {
 
 static k3_isa g_levels[3];
 static int g_nlevels; /* supported levels, scalar first */
+static int g_vbmi;    /* the AVX-512 level has a VBMI decode to switch off */
 
 static void force(k3_isa l) {
     char err[256];
@@ -472,6 +473,14 @@ static void check_case(const char *name, const kcase *k, int n) {
             CHECK(!memcmp(ys, yv, ny * sizeof(float)),
                   "%s n=%d: %s == scalar bit for bit (rel %.1e)", name, n, k3_isa_name(l), rel);
         }
+        if (l == K3_ISA_AVX512 && g_vbmi) { /* the decode without vpermb */
+            char err[256];
+            k3_isa_force_vbmi(0, err, sizeof err);
+            run_rows(k, 0, n, yb, 0, k->rows);
+            k3_isa_force_vbmi(1, err, sizeof err);
+            CHECK(!memcmp(ys, yb, ny * sizeof(float)),
+                  "%s n=%d: avx512 without VBMI == scalar bit for bit", name, n);
+        }
         /* The scalar kernels are plain loops over (row, token): their
          * identity checks run on the small shapes only (fmaf is a libm call). */
         if (li == 0 && (size_t)k->rows * k->cols > 100000) continue;
@@ -650,6 +659,11 @@ int main(int argc, char **argv) {
     char err[256];
     g_levels[g_nlevels++] = K3_ISA_SCALAR;
     for (k3_isa l = K3_ISA_AVX2; l <= k3_isa_detect(); l++) g_levels[g_nlevels++] = l;
+    {
+        char err[256];
+        g_vbmi = k3_isa_force_vbmi(1, err, sizeof err) == K3_OK;
+        printf("# AVX-512 VBMI decode: %s\n", g_vbmi ? "yes (also checked off)" : err);
+    }
     printf("# cpu supports up to %s; active %s\n", k3_isa_name(k3_isa_detect()),
            k3_isa_name(k3_isa_active()));
     if (g_nlevels == 1) printf("# no vector ISA on this CPU: vector-vs-scalar checks skipped\n");
