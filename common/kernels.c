@@ -200,11 +200,18 @@ k3_status k3_isa_force(k3_isa level, char *err, size_t errlen) {
  *   f32 / int8: lane k owns columns k, k+16, k+32, ...; the cols % 16 tail
  *     columns are then added in column order (fmaf); int8 multiplies the
  *     row scale last.
- *   int4-g64 / MXFP4 (the "nibble order"): a block of 32 columns is 16
- *     packed bytes and lane k owns byte k: column 2k (low nibble), then
- *     2k+1 (high nibble). Per group a 16-lane group sum (first step a plain
- *     multiply, then fmaf over the group's 2 blocks (int4) or 1 block
- *     (MXFP4)), folded in as acc = fmaf(group sum, group scale, acc).
+ *   MXFP4 (the "nibble order"): a group of 32 columns is 16 packed bytes
+ *     and lane k owns byte k: column 2k (low nibble), then 2k+1 (high
+ *     nibble). Per group a 16-lane sum (a plain multiply, then fmaf),
+ *     folded in as acc = fmaf(group sum, group factor, acc).
+ *   int4-g64 (the "dword order"): a block of 128 columns (two groups) is
+ *     64 packed bytes, i.e. 16 little-endian dwords; lane k owns dword k,
+ *     whose nibble j (bits 4j..4j+3) is column 8k + j. Lanes 0-7 hold the
+ *     block's first group, lanes 8-15 its second. Per block a 16-lane sum
+ *     over j = 0..7 (a plain multiply, then fmaf), folded in as acc =
+ *     fmaf(sum, the lane's group scale, acc). A last lone group (cols % 128
+ *     = 64) fills lanes 0-7 only. A vector level then needs one load and
+ *     one shift per 16 weights and no nibble interleave.
  *
  * Why not one column-order sum: over 7168 columns it carries ~1.5e-6
  * relative error by itself, so no vector kernel could be "within 1e-6" of
@@ -252,8 +259,7 @@ static void sc_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0
     }
 }
 
-/* Nibble order (above): the vector decoders then never interleave nibbles;
- * they permute the activations once per call instead. */
+/* Dword order (above). */
 static void sc_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
     const int cols = m->cols, ng = cols / 64;
     for (int r = r0; r < r1; r++) {
@@ -262,19 +268,35 @@ static void sc_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0
         for (int t = 0; t < n; t++) {
             const float *xt = x + (size_t)t * cols;
             float a[LANES] = {0};
-            for (int g = 0; g < ng; g++) {
-                const uint8_t *qg = q + g * 32;
-                const float *xg = xt + g * 64;
-                for (int k = 0; k < LANES; k++) {
-                    float gs = (float)((qg[k] & 15) - 8) * xg[2 * k];
-                    gs = fmaf((float)((qg[k] >> 4) - 8), xg[2 * k + 1], gs);
-                    gs = fmaf((float)((qg[16 + k] & 15) - 8), xg[32 + 2 * k], gs);
-                    gs = fmaf((float)((qg[16 + k] >> 4) - 8), xg[32 + 2 * k + 1], gs);
-                    a[k] = fmaf(gs, sc[g], a[k]);
+            for (int g = 0; g < ng; g += 2) {
+                const int lanes = g + 1 < ng ? LANES : LANES / 2;
+                for (int k = 0; k < lanes; k++) {
+                    const uint8_t *d = q + g * 32 + 4 * k; /* dword k of the block */
+                    const float *xk = xt + g * 64 + 8 * k;
+                    float gs = 0.0f;
+                    for (int j = 0; j < 8; j++) {
+                        const float v = (float)(((d[j / 2] >> (4 * (j & 1))) & 15) - 8);
+                        gs = j == 0 ? v * xk[0] : fmaf(v, xk[j], gs);
+                    }
+                    a[k] = fmaf(gs, sc[g + k / 8], a[k]);
                 }
             }
             y[(size_t)t * m->rows + r] = lane_tree(a);
         }
+    }
+}
+
+void k3_i4_xperm(const float *x, int n, int cols, float *xp) {
+    const size_t ld = k3_i4_xld(cols);
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * cols;
+        float *pt = xp + (size_t)t * ld;
+        for (size_t b = 0; b < ld; b += 128)
+            for (int j = 0; j < 8; j++)
+                for (int k = 0; k < 16; k++) {
+                    const size_t c = b + 8 * (size_t)k + (size_t)j;
+                    pt[b + 16 * (size_t)j + (size_t)k] = c < (size_t)cols ? xt[c] : 0.0f;
+                }
     }
 }
 

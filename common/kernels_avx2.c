@@ -7,11 +7,11 @@
  * bit: lanes 0-7 live in one ymm accumulator (columns 16j+0..7), lanes 8-15
  * in a second one (16j+8..15); vfmadd where the scalar calls fmaf (both
  * round once); the final k3_lane_tree8x2(lo, hi) is the scalar lane tree. MXFP4
- * uses doubled e2m1 values and 2^(s-127)/2 like the scalar; nibble formats
- * run in the nibble order of kernels.c on permuted activations (the decoders
- * never interleave nibbles). Integer-dot kernels keep the float part
- * (acc += isum * f in group order) in lanes that are ROWS, the scalar's
- * operation sequence per row.
+ * uses doubled e2m1 values and 2^(s-127)/2 like the scalar; MXFP4 runs in
+ * the nibble order and int4 in the dword order of kernels.c, both on
+ * permuted activations (the decoders never interleave nibbles). Integer-dot kernels keep the float
+ * part (acc += isum * f in group order) in lanes that are ROWS, the scalar's operation sequence per
+ * row.
  *
  * Tiles (R rows x T tokens) decide only which (row, token) pairs share a
  * weight decode and an activation load; every pair's operations are the
@@ -45,19 +45,6 @@ AVX2_INL __m256 mul_add(__m256 acc, __m256 a, __m256 b) { return _mm256_fmadd_ps
 
 AVX2_INL __m256 dec_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-
-/* 8 packed int4 bytes -> lanes 0-7: low nibbles (columns 2k) in *ev, high
- * nibbles (2k+1) in *od, as nib - 8 floats, exact: the nibble is OR-ed into
- * the mantissa of 2^23 and 2^23 + 8 subtracted. */
-AVX2_INL void dec_i4(const uint8_t *p, __m256 *ev, __m256 *od) {
-    const __m256i magic = _mm256_set1_epi32(0x4B000000);
-    const __m256 bias = _mm256_set1_ps(8388616.0f);
-    __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    __m256i lo = _mm256_or_si256(_mm256_and_si256(b, _mm256_set1_epi32(15)), magic);
-    __m256i hi = _mm256_or_si256(_mm256_srli_epi32(b, 4), magic);
-    *ev = _mm256_sub_ps(_mm256_castsi256_ps(lo), bias);
-    *od = _mm256_sub_ps(_mm256_castsi256_ps(hi), bias);
 }
 
 /* 16 packed bytes = one MXFP4 group -> 2v(n) as floats in nibble order:
@@ -139,50 +126,53 @@ AVX2_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, floa
     }
 }
 
-/* int4-g64 in nibble order (x permuted): per group a 16-lane sum over the
- * 4 nibbles of each lane's 2 bytes, then acc = fma(gs, s, acc). Lanes 0-7
- * are bytes 0-7 of each 16-byte block (a0, g0), lanes 8-15 bytes 8-15. */
+/* int4-g64 in dword order (kernels.c; x permuted by k3_i4_xperm): lanes
+ * 0-7 (h = 0) and 8-15 (h = 1) are two ymm, each one 32-byte load per
+ * block of 128 columns; nibble j of each dword -> a float by the magic
+ * number (0x4B000000 | nibble is 2^23 + nibble, minus 2^23 + 8, exact). */
 AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
     const int cols = m->cols, ng = cols / 64;
-    const uint8_t *qb = m->q4 + (size_t)r * (cols / 2);
+    const size_t ldp = (size_t)cols / 2, ldx = k3_i4_xld(cols);
+    const uint8_t *qb = m->q4 + (size_t)r * ldp;
     const float *sb = m->scales + (size_t)r * ng;
-    __m256 a0[4][4], a1[4][4];
-    UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) {
-        a0[i][j] = _mm256_setzero_ps();
-        a1[i][j] = _mm256_setzero_ps();
-    }
-    for (int g = 0; g < ng; g++) {
-        __m256 g0[4][4], g1[4][4];
-        if (T == 1 && (g & 1) == 0)
+    const __m256i magic = _mm256_set1_epi32(0x4B000000), m15 = _mm256_set1_epi32(15);
+    const __m256 bias = _mm256_set1_ps(8388616.0f);
+    __m256 a[2][4][4];
+    UNROLL for (int h = 0; h < 2; h++) UNROLL for (int i = 0; i < R; i++)
+        UNROLL for (int j = 0; j < T; j++) a[h][i][j] = _mm256_setzero_ps();
+    for (int g = 0; g < ng; g += 2) {
+        if (T == 1)
             UNROLL for (int i = 0; i < R; i++)
-                pf_next(qb + (size_t)i * (cols / 2) + g * 32, (size_t)R * (cols / 2));
-        UNROLL for (int blk = 0; blk < 2; blk++) {
-            UNROLL for (int h = 0; h < 2; h++) { /* h: lanes 0-7 or 8-15 */
-                __m256 ev[4], od[4];
-                UNROLL for (int i = 0; i < R; i++)
-                    dec_i4(qb + (size_t)i * (cols / 2) + g * 32 + blk * 16 + h * 8, &ev[i], &od[i]);
+                pf_next(qb + (size_t)i * ldp + (size_t)g * 32, (size_t)R * ldp);
+        UNROLL for (int h = 0; h < 2; h++) {
+            if (h == 1 && g + 1 >= ng) break; /* a lone last group: lanes 0-7 only */
+            __m256i w[4];
+            UNROLL for (int i = 0; i < R; i++) w[i] = _mm256_loadu_si256(
+                (const __m256i *)(qb + (size_t)i * ldp + (size_t)g * 32 + 32 * h));
+            __m256 gs[4][4];
+            UNROLL for (int nj = 0; nj < 8; nj++) {
+                __m256 v[4];
+                UNROLL for (int i = 0; i < R; i++) {
+                    const __m256i s = nj ? _mm256_srli_epi32(w[i], 4 * nj) : w[i];
+                    v[i] = _mm256_sub_ps(
+                        _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(s, m15), magic)),
+                        bias);
+                }
                 UNROLL for (int j = 0; j < T; j++) {
-                    const float *xb = x + (size_t)j * cols + g * 64 + blk * 32;
-                    const __m256 xe = _mm256_loadu_ps(xb + 8 * h),
-                                 xo = _mm256_loadu_ps(xb + 16 + 8 * h);
-                    UNROLL for (int i = 0; i < R; i++) {
-                        __m256 *gs = h ? &g1[i][j] : &g0[i][j];
-                        *gs = blk == 0 ? _mm256_mul_ps(ev[i], xe) : mul_add(*gs, ev[i], xe);
-                        *gs = mul_add(*gs, od[i], xo);
-                    }
+                    const __m256 xv =
+                        _mm256_loadu_ps(x + (size_t)j * ldx + (size_t)g * 64 + nj * 16 + 8 * h);
+                    UNROLL for (int i = 0; i < R; i++) gs[i][j] =
+                        nj == 0 ? _mm256_mul_ps(v[i], xv) : mul_add(gs[i][j], v[i], xv);
                 }
             }
-        }
-        UNROLL for (int i = 0; i < R; i++) {
-            const __m256 sv = _mm256_broadcast_ss(sb + (size_t)i * ng + g);
-            UNROLL for (int j = 0; j < T; j++) {
-                a0[i][j] = mul_add(a0[i][j], g0[i][j], sv);
-                a1[i][j] = mul_add(a1[i][j], g1[i][j], sv);
+            UNROLL for (int i = 0; i < R; i++) {
+                const __m256 sv = _mm256_broadcast_ss(sb + (size_t)i * ng + g + h);
+                UNROLL for (int j = 0; j < T; j++) a[h][i][j] = mul_add(a[h][i][j], gs[i][j], sv);
             }
         }
     }
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
-        k3_lane_tree8x2(a0[i][j], a1[i][j]);
+        k3_lane_tree8x2(a[0][i][j], a[1][i][j]);
 }
 
 /* MXFP4 exact-float in nibble order (x permuted): gs = v(2k) x(2k), then
@@ -302,8 +292,18 @@ static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat
     }
 }
 
+/* int4: activations in the dword order (k3_i4_xperm) in token chunks */
 static void avx2_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    nibble_rows(ti4_fns, n == 1 ? 3 : 1, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1);
+    const int cols = m->cols;
+    const size_t ldx = k3_i4_xld(cols);
+    const int tch = k3_kern_chunk(n, ldx * sizeof(float));
+    float *xp = k3_kern_scratch((size_t)tch * ldx * sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        k3_i4_xperm(x + (size_t)t0 * cols, tn, cols, xp);
+        tiles_run(ti4_fns, n == 1 ? 3 : 1, n == 1 ? 1 : 3, m, m->rows, (int)ldx, xp, tn,
+                  y + (size_t)t0 * m->rows, r0, r1, NULL);
+    }
 }
 
 static void avx2_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {

@@ -117,37 +117,51 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
     }
 }
 
-/* int4-g64 in nibble order (x permuted): per group a 16-lane sum over the
- * low/high nibbles of each lane's byte in both blocks, then acc += gs * s. */
+/* int4-g64 in dword order (kernels.c; x permuted by k3_i4_xperm, ldx
+ * floats per token): per block of 128 columns one 64-byte load per row,
+ * and nibble j of every dword is one shift and one 16-entry vpermps table
+ * lookup away; then acc += sum * [scale of group 2h x 8 | of 2h+1 x 8]. */
 Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
     const int cols = m->cols, ng = cols / 64;
-    const uint8_t *qb = m->q4 + (size_t)r * (cols / 2);
+    const size_t ldp = (size_t)cols / 2, ldx = k3_i4_xld(cols);
+    const uint8_t *qb = m->q4 + (size_t)r * ldp;
     const float *sb = m->scales + (size_t)r * ng;
     const __m512 tab4 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512i sidx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     __m512 acc[4][4];
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] =
         _mm512_setzero_ps();
-    for (int g = 0; g < ng; g++) {
+    for (int g = 0; g < ng; g += 2) {
+        const int two = g + 1 < ng; /* else a lone last group: lanes 0-7 */
+        __m512i w[4];
+        UNROLL for (int i = 0; i < R; i++) {
+            const uint8_t *p = qb + (size_t)i * ldp + (size_t)g * 32;
+            if (T == 1) pf_next(p, (size_t)R * ldp);
+            w[i] = two ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(0x00FF, p);
+        }
         __m512 gs[4][4];
-        if (T == 1 && (g & 1) == 0)
-            UNROLL for (int i = 0; i < R; i++)
-                pf_next(qb + (size_t)i * (cols / 2) + g * 32, (size_t)R * (cols / 2));
-        UNROLL for (int blk = 0; blk < 2; blk++) {
-            __m512 ev[4], od[4];
-            UNROLL for (int i = 0; i < R; i++)
-                dec_nib(qb + (size_t)i * (cols / 2) + g * 32 + blk * 16, tab4, &ev[i], &od[i]);
+        UNROLL for (int nj = 0; nj < 8; nj++) {
+            __m512 v[4];
+            UNROLL for (int i = 0; i < R; i++) v[i] = _mm512_permutexvar_ps(
+                nj ? _mm512_srli_epi32(w[i], (unsigned)(4 * nj)) : w[i], tab4);
             UNROLL for (int j = 0; j < T; j++) {
-                const float *xb = x + (size_t)j * cols + g * 64 + blk * 32;
-                const __m512 xe = _mm512_loadu_ps(xb), xo = _mm512_loadu_ps(xb + 16);
-                UNROLL for (int i = 0; i < R; i++) {
-                    gs[i][j] = blk == 0 ? _mm512_mul_ps(ev[i], xe) : mul_add(gs[i][j], ev[i], xe);
-                    gs[i][j] = mul_add(gs[i][j], od[i], xo);
-                }
+                const __m512 xv = _mm512_loadu_ps(x + (size_t)j * ldx + (size_t)g * 64 + nj * 16);
+                UNROLL for (int i = 0; i < R; i++) gs[i][j] =
+                    nj == 0 ? _mm512_mul_ps(v[i], xv) : mul_add(gs[i][j], v[i], xv);
             }
         }
         UNROLL for (int i = 0; i < R; i++) {
-            const __m512 sv = _mm512_set1_ps(sb[(size_t)i * ng + g]);
-            UNROLL for (int j = 0; j < T; j++) acc[i][j] = mul_add(acc[i][j], gs[i][j], sv);
+            const float *s = sb + (size_t)i * ng + g;
+            if (two) {
+                const __m512 sv = _mm512_permutexvar_ps(
+                    sidx,
+                    _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)s))));
+                UNROLL for (int j = 0; j < T; j++) acc[i][j] = mul_add(acc[i][j], gs[i][j], sv);
+            } else {
+                const __m512 sv = _mm512_set1_ps(s[0]);
+                UNROLL for (int j = 0; j < T; j++) acc[i][j] =
+                    _mm512_mask3_fmadd_ps(gs[i][j], sv, acc[i][j], 0x00FF);
+            }
         }
     }
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) out[i * T + j] =
@@ -252,8 +266,8 @@ static void z_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0,
     tiles_run(zq8_fns, 4, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, m->scales);
 }
 
-/* Nibble formats: activations permuted into per-thread scratch, in token
- * chunks that keep it under K3_KERN_SCRATCH_MAX. */
+/* MXFP4 exact-float: activations permuted into per-thread scratch, in
+ * token chunks that keep it under K3_KERN_SCRATCH_MAX. */
 static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows,
                         int cols, const float *x, int n, float *y, int r0, int r1) {
     const int tch = k3_kern_chunk(n, (size_t)cols * sizeof(float));
@@ -265,8 +279,18 @@ static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat
     }
 }
 
+/* int4: activations in the dword order (k3_i4_xperm) in token chunks */
 static void z_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    nibble_rows(zi4_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1);
+    const int cols = m->cols;
+    const size_t ldx = k3_i4_xld(cols);
+    const int tch = k3_kern_chunk(n, ldx * sizeof(float));
+    float *xp = k3_kern_scratch((size_t)tch * ldx * sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        k3_i4_xperm(x + (size_t)t0 * cols, tn, cols, xp);
+        tiles_run(zi4_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 4, m, m->rows, (int)ldx, xp, tn,
+                  y + (size_t)t0 * m->rows, r0, r1, NULL);
+    }
 }
 
 static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {

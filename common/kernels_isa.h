@@ -67,6 +67,12 @@ static inline k3_ik_view k3_ik_view_of(int kind, const void *mat) {
     return v;
 }
 
+/* Activations for the vector int4 tiles (the dword order of kernels.c):
+ * per token, per block of 128 columns, xp[b + 16 j + k] = x[b + 8 k + j],
+ * a last half block padded with zeros; k3_i4_xld(cols) floats per token. */
+static inline size_t k3_i4_xld(int cols) { return ((size_t)cols + 127) / 128 * 128; }
+void k3_i4_xperm(const float *x, int n, int cols, float *xp);
+
 /* The scalar dense integer-dot row (k3_qmat_matmul_q8_rows): backends use
  * it for tail rows and levels without a vector version. */
 float k3_q8_row_scalar(const k3_qmat *m, int r, const int8_t *xq, const float *xs);
