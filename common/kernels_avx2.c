@@ -279,8 +279,8 @@ static void avx2_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int 
               m->scales);
 }
 
-/* Nibble formats: activations permuted into per-thread scratch, in token
- * chunks that keep it under K3_KERN_SCRATCH_MAX. */
+/* MXFP4 exact-float: activations permuted into per-thread scratch, in
+ * token chunks that keep it under K3_KERN_SCRATCH_MAX. */
 static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows,
                         int cols, const float *x, int n, float *y, int r0, int r1) {
     const int tch = k3_kern_chunk(n, (size_t)cols * sizeof(float));
