@@ -9,6 +9,9 @@
  *   - int8 dot peak: a register-only loop of the active level's int8 dot
  *     instruction chain (AVX2: vpmaddubsw + vpmaddwd + vpaddd; AVX-512:
  *     vpdpbusd), 1 and 2 threads;
+ *   - n = 1 from RAM again as 7 alternations of a STREAM pass and a kernel
+ *     pass (paired): the median ratio, robust to this VM's drifting
+ *     bandwidth;
  *   - every kernel at the K3 shapes, n = 1, 8, 32, weights streamed from RAM
  *     (passes over copies that together exceed L3 many times, timed as whole
  *     passes like STREAM) and hot (one copy, repeated), 1 and 2 threads. n = 1 is judged in GB/s
@@ -309,6 +312,44 @@ static double time_kernel(const kshape *s, kweights *kw, int use, const kio *io,
     return best;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* n = 1 from RAM, paired: PAIRS alternations of one STREAM pass and one
+ * pass of the kernel over all copies, each ratio against the mean of the
+ * STREAM passes just before and just after it. The median ratio is the
+ * figure this VM's drifting bandwidth cannot move much: both sides of a
+ * pair see the same minute. */
+#define PAIRS 7
+static void paired(const kshape *s, kweights *kw, int copies, const kio *io, const uint8_t *sbuf,
+                   size_t sbytes) {
+    for (int thr = 1; thr <= 2; thr++) {
+        k3_pool *pool = thr == 1 ? NULL : g_pool2;
+        rd_job j = {.buf = sbuf, .bytes = sbytes, .parts = thr};
+        double r[PAIRS], prev = 0;
+        for (int p = 0; p <= PAIRS; p++) {
+            double t0 = k3_now_s();
+            k3_pool_run(pool, rd_task, &j, thr);
+            const double sgbs = (double)sbytes / (k3_now_s() - t0) / 1e9;
+            if (p > 0) r[p - 1] = r[p - 1] / ((sgbs + prev) / 2);
+            prev = sgbs;
+            if (p == PAIRS) break;
+            t0 = k3_now_s();
+            for (int c = 0; c < copies; c++) run_once(s, kw, c, io, 1, pool);
+            r[p] = (double)kw->bytes * copies / (k3_now_s() - t0) / 1e9; /* GB/s for now */
+        }
+        double sorted[PAIRS];
+        memcpy(sorted, r, sizeof r);
+        qsort(sorted, PAIRS, sizeof *sorted, cmp_double);
+        printf("# %s n = 1, %d thread%s, %d paired passes: kernel / STREAM median %.2f (min %.2f, "
+               "max %.2f)\n",
+               s->name, thr, thr == 1 ? "" : "s", PAIRS, sorted[PAIRS / 2], sorted[0],
+               sorted[PAIRS - 1]);
+    }
+}
+
 int main(int argc, char **argv) {
     int quick = 0;
     const char *filter = NULL;
@@ -442,6 +483,7 @@ int main(int argc, char **argv) {
                            shape, n, thr, hot ? "hot" : "ram", dt * 1e3, gbs, 100 * gbs / strm[thr],
                            gops, peak[thr] > 0 ? 100 * gops / peak[thr] : 0);
                 }
+        paired(s, &kw, copies, &io, sbuf, sbytes);
         fflush(stdout);
         free(x);
         free(q);
