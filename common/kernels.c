@@ -300,6 +300,19 @@ void k3_i4_xperm(const float *x, int n, int cols, float *xp) {
     }
 }
 
+void k3_i4_rows_chunked(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1,
+                        k3_i4_chunk_fn run) {
+    const int cols = m->cols;
+    const size_t ldx = k3_i4_xld(cols);
+    const int tch = k3_kern_chunk(n, ldx * sizeof(float));
+    float *xp = k3_kern_scratch((size_t)tch * ldx * sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        k3_i4_xperm(x + (size_t)t0 * cols, tn, cols, xp);
+        run(m, xp, tn, y + (size_t)t0 * m->rows, r0, r1);
+    }
+}
+
 /* MXFP4 exact-float (spec 4.1): y = sum_g 2^(s-127) * sum_{i in g} x v(n).
  * Computed as sum_g (2^(s-127)/2) * sum x*(2v): every product and partial
  * sum is exactly twice the one with v (a power-of-two scaling), so the value

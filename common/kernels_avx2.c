@@ -292,18 +292,14 @@ static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat
     }
 }
 
-/* int4: activations in the dword order (k3_i4_xperm) in token chunks */
+/* int4: one token chunk in the dword order (k3_i4_rows_chunked) */
+static void avx2_i4_chunk(const k3_qmat *m, const float *xp, int tn, float *y, int r0, int r1) {
+    tiles_run(ti4_fns, tn == 1 ? 3 : 1, tn == 1 ? 1 : 3, m, m->rows, (int)k3_i4_xld(m->cols), xp,
+              tn, y, r0, r1, NULL);
+}
+
 static void avx2_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    const int cols = m->cols;
-    const size_t ldx = k3_i4_xld(cols);
-    const int tch = k3_kern_chunk(n, ldx * sizeof(float));
-    float *xp = k3_kern_scratch((size_t)tch * ldx * sizeof(float));
-    for (int t0 = 0; t0 < n; t0 += tch) {
-        const int tn = n - t0 < tch ? n - t0 : tch;
-        k3_i4_xperm(x + (size_t)t0 * cols, tn, cols, xp);
-        tiles_run(ti4_fns, n == 1 ? 3 : 1, n == 1 ? 1 : 3, m, m->rows, (int)ldx, xp, tn,
-                  y + (size_t)t0 * m->rows, r0, r1, NULL);
-    }
+    k3_i4_rows_chunked(m, x, n, y, r0, r1, avx2_i4_chunk);
 }
 
 static void avx2_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {

@@ -72,6 +72,13 @@ static inline k3_ik_view k3_ik_view_of(int kind, const void *mat) {
  * a last half block padded with zeros; k3_i4_xld(cols) floats per token. */
 static inline size_t k3_i4_xld(int cols) { return ((size_t)cols + 127) / 128 * 128; }
 void k3_i4_xperm(const float *x, int n, int cols, float *xp);
+/* A vector level's int4 float rows: x into the dword order (per-thread
+ * scratch) in token chunks under K3_KERN_SCRATCH_MAX, then per chunk
+ * run(m, xp, tn, y of the chunk, r0, r1), xp with k3_i4_xld(cols) floats per
+ * token. */
+typedef void (*k3_i4_chunk_fn)(const k3_qmat *m, const float *xp, int tn, float *y, int r0, int r1);
+void k3_i4_rows_chunked(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1,
+                        k3_i4_chunk_fn run);
 
 /* The scalar dense integer-dot row (k3_qmat_matmul_q8_rows): backends use
  * it for tail rows and levels without a vector version. */
