@@ -638,7 +638,9 @@ Z_INL void zv_dec(int kind, int vbmi, __m512i b, __m512i tab, __m512i *lo, __m51
 /* 64 bytes of 4 rows (p, p + ld, p + 2 ld, p + ld3) and a prefetch of the
  * same bytes at pf (the next block). One asm block, so that the compiler
  * keeps one base and two strides instead of 32 addresses, which it spilled
- * (about 300 scalar instructions per block). */
+ * (about 300 scalar instructions per block). The "m" operand names only the
+ * first row's 64 bytes (naming all four brought the spills back); the
+ * weights are read-only here, so no store can be moved across the asm. */
 Z_INL void zv_load4(const uint8_t *p, const uint8_t *pf, size_t ld, size_t ld3, __m512i w[4]) {
     __asm__("prefetcht1 (%[f])\n\tprefetcht1 (%[f],%[l],1)\n\t"
             "prefetcht1 (%[f],%[l],2)\n\tprefetcht1 (%[f],%[l3],1)\n\t"
