@@ -339,8 +339,8 @@ static void sc_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0
     }
 }
 
-float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols, const int8_t *xq,
-                          const float *xs) {
+static float mx_i8_row(const uint8_t *packed, const uint8_t *scale, int cols, const int8_t *xq,
+                       const float *xs) {
     float acc = 0.0f;
     for (int g = 0; g < cols / 32; g++) {
         int32_t isum = 0;
@@ -356,15 +356,15 @@ float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols,
     return acc;
 }
 
-static void sc_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y, int r0,
-                     int r1) {
+void k3_mx_i8_rows_scalar(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                          int r0, int r1) {
     const int cols = w->cols, ng = cols / 32;
     for (int r = r0; r < r1; r++) {
         const uint8_t *p = w->packed + (size_t)r * (cols / 2);
         const uint8_t *s = w->scale + (size_t)r * ng;
         for (int t = 0; t < n; t++)
             y[(size_t)t * w->rows + r] =
-                k3_mx_i8_row_scalar(p, s, cols, xq + (size_t)t * cols, xs + (size_t)t * ng);
+                mx_i8_row(p, s, cols, xq + (size_t)t * cols, xs + (size_t)t * ng);
     }
 }
 
@@ -440,7 +440,7 @@ const k3_kern_ops k3_kern_scalar = {
     .i8_rows = sc_i8_rows,
     .i4_rows = sc_i4_rows,
     .mx_f32 = sc_mx_f32,
-    .mx_i8 = sc_mx_i8,
+    .mx_i8 = k3_mx_i8_rows_scalar,
     .act_q8 = sc_act_q8,
     .q8_rows = k3_q8_rows_scalar,
 };

@@ -597,14 +597,8 @@ static int xk_rows(int kind, int vnni, const void *mat, const int8_t *xq, const 
 
 static void mx_i8_rows(int vnni, const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
                        float *y, int r0, int r1) {
-    const int cols = w->cols, ng = cols / 32;
-    const size_t ldp = (size_t)cols / 2;
     const int r8 = xk_rows(K3_IK_MX, vnni, w, xq, xs, n, y, r0, r1);
-    for (int r = r8; r < r1; r++)
-        for (int t = 0; t < n; t++)
-            y[(size_t)t * w->rows + r] =
-                k3_mx_i8_row_scalar(w->packed + (size_t)r * ldp, w->scale + (size_t)r * ng, cols,
-                                    xq + (size_t)t * cols, xs + (size_t)t * ng);
+    k3_mx_i8_rows_scalar(w, xq, xs, n, y, r8, r1);
 }
 
 static void avx2_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,

@@ -808,14 +808,8 @@ static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
         if (r16 < r1) k3_mx_i8_rows_vnni256(w, xq, xs, n, y, r16, r1);
         return;
     }
-    const int cols = w->cols, ng = cols / 32;
-    const size_t ldp = (size_t)cols / 2;
-    const int r16 = zk_rows(K3_IK_MX, zkmx_fns, w, w->rows, cols, xq, xs, n, y, r0, r1);
-    for (int r = r16; r < r1; r++)
-        for (int t = 0; t < n; t++)
-            y[(size_t)t * w->rows + r] =
-                k3_mx_i8_row_scalar(w->packed + (size_t)r * ldp, w->scale + (size_t)r * ng, cols,
-                                    xq + (size_t)t * cols, xs + (size_t)t * ng);
+    const int r16 = zk_rows(K3_IK_MX, zkmx_fns, w, w->rows, w->cols, xq, xs, n, y, r0, r1);
+    k3_mx_i8_rows_scalar(w, xq, xs, n, y, r16, r1);
 }
 
 static void z_q8_rows(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y, int r0,

@@ -41,10 +41,11 @@ extern int k3_kern_vbmi;
 /* 2*v(n) for every e2m1 nibble: exact integers {0,1,2,3,4,6,8,12} and negatives. */
 extern const int8_t k3_e2m1_x2[16];
 
-/* Scalar per-row helpers the vector backends reuse for tail rows so that a
- * row computed by the tail has exactly the scalar bits (integer-dot only). */
-float k3_mx_i8_row_scalar(const uint8_t *packed, const uint8_t *scale, int cols, const int8_t *xq,
-                          const float *xs);
+/* The scalar MXFP4 integer-dot rows (the scalar level's mx_i8): vector
+ * backends run their tail rows through it so that those rows have exactly
+ * the scalar bits. */
+void k3_mx_i8_rows_scalar(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
+                          int r0, int r1);
 
 /* The integer-dot kernels' weight kinds (kernels_avx2.c, kernels_avx512.c)
  * and their common view of a matrix: rows of ldp bytes from w. */
