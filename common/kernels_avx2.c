@@ -525,15 +525,9 @@ static const mxi8_fn xk_fns[3][2][4] = {
     {{xki8_1, xki8_2, xki8_3, xki8_4}, {xki8v_1, xki8v_2, xki8v_3, xki8v_4}},
 };
 
-/* bias * sum(q) over each group of 32 (exact; bias 12 or 8). */
+/* bias * sum(q) over one group of 32 (exact; bias 12 or 8). */
 static AVX2_FN int32_t mxi8_corr(const int8_t *q, int bias) {
-    __m256i v = _mm256_loadu_si256((const __m256i *)q);
-    v = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8((char)bias), v),
-                          _mm256_set1_epi16(1));
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
+    return bias * k3_sum32_s8(_mm256_loadu_si256((const __m256i *)q));
 }
 
 static AVX2_FN void mxi8_scales8_fn(const uint8_t *scale, size_t ld, int g0, int gn, float *eh) {

@@ -529,17 +529,6 @@ ZK_TILE_FNS(zkmx, K3_IK_MX)
 ZK_TILE_FNS(zki4, K3_IK_I4)
 ZK_TILE_FNS(zki8, K3_IK_I8)
 
-/* sum of 32 s8: sign-extend to 16 bits, pairwise to 32, then fold */
-Z_INL int32_t sum32_s8(__m256i raw) {
-    const __m256i s16 = _mm256_add_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(raw)),
-                                         _mm256_cvtepi8_epi16(_mm256_extracti128_si256(raw, 1)));
-    const __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
-    h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
-    return _mm_cvtsi128_si32(h);
-}
-
 /* q [n][cols], s [n][cols/32] -> group-major: qp [ng][n][32] (s8; the
  * group's columns as [even | odd] when perm), qc [ng][n] = -bias * sum of
  * the group's q, xt [ng][n] = s */
@@ -556,7 +545,7 @@ static Z_FN void zk_prep(const int8_t *q, const float *s, int n, int cols, int p
             __m256i v = raw;
             if (perm) v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(raw, idx), 0xD8);
             _mm256_store_si256((__m256i *)(qp + o * 32), v);
-            qc[o] = -bias * sum32_s8(raw);
+            qc[o] = -bias * k3_sum32_s8(raw);
             xt[o] = s[(size_t)t * ng + g];
         }
 }
@@ -774,7 +763,7 @@ static Z_FN void zv_prep(const int8_t *q, int n, int cols, int bias, int8_t *qa,
             int8_t *blk = qa + ((size_t)t * nb + g / 4) * 128 + (g % 4) * 16;
             _mm_storeu_si128((__m128i *)blk, _mm256_castsi256_si128(v));
             _mm_storeu_si128((__m128i *)(blk + 64), _mm256_extracti128_si256(v, 1));
-            cv[((size_t)t * nb + g / 4) * 16 + (g % 4) * 4] = -bias * sum32_s8(raw);
+            cv[((size_t)t * nb + g / 4) * 16 + (g % 4) * 4] = -bias * k3_sum32_s8(raw);
         }
 }
 
