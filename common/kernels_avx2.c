@@ -6,12 +6,12 @@
  * Exact-float kernels follow the scalar 16-lane order of kernels.c bit for
  * bit: lanes 0-7 live in one ymm accumulator (columns 16j+0..7), lanes 8-15
  * in a second one (16j+8..15); vfmadd where the scalar calls fmaf (both
- * round once); the final k3_lane_tree8x2(lo, hi) is the scalar lane tree. MXFP4
- * uses doubled e2m1 values and 2^(s-127)/2 like the scalar; MXFP4 runs in
- * the nibble order and int4 in the dword order of kernels.c, both on
- * permuted activations (the decoders never interleave nibbles). Integer-dot kernels keep the float
- * part (acc += isum * f in group order) in lanes that are ROWS, the scalar's operation sequence per
- * row.
+ * round once); the final k3_lane_tree8x2(lo, hi) is the scalar lane tree.
+ * MXFP4 uses doubled e2m1 values and 2^(s-127)/2 like the scalar and runs
+ * in the nibble order of kernels.c, int4 in its dword order, both on
+ * permuted activations (the decoders never interleave nibbles).
+ * Integer-dot kernels keep the float part (acc += isum * f in group order)
+ * in lanes that are ROWS, the scalar's operation sequence per row.
  *
  * Tiles (R rows x T tokens) decide only which (row, token) pairs share a
  * weight decode and an activation load; every pair's operations are the

@@ -395,9 +395,9 @@ Z_INL void zk_decode(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
  * groups g0..g0+gn-1 (g0 even): the group-64 scale h = g / 2 serves groups
  * 2h and 2h+1. Chunks of 16 scales per row through a 16x16 transpose. */
 Z_INL void zi4_scales(const float *s4, size_t ld, int g0, int gn, float *eh) {
-    const int h0 = g0 / 2, hn = (gn + 1) / 2;
+    const int h0 = g0 / 2;
     int h = 0;
-    for (; h + 16 <= hn && 2 * (h + 16) <= gn; h += 16) {
+    for (; 2 * (h + 16) <= gn; h += 16) { /* both groups of all 16 scales within gn */
         __m512 a[16], b[16];
         UNROLL for (int i = 0; i < 16; i++) a[i] = _mm512_loadu_ps(s4 + (size_t)i * ld + h0 + h);
         UNROLL for (int i = 0; i < 8; i++) { /* row pairs */
