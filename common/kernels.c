@@ -204,14 +204,24 @@ k3_status k3_isa_force(k3_isa level, char *err, size_t errlen) {
  *     and lane k owns byte k: column 2k (low nibble), then 2k+1 (high
  *     nibble). Per group a 16-lane sum (a plain multiply, then fmaf),
  *     folded in as acc = fmaf(group sum, group factor, acc).
- *   int4-g64 (the "dword order"): a block of 128 columns (two groups) is
- *     64 packed bytes, i.e. 16 little-endian dwords; lane k owns dword k,
- *     whose nibble j (bits 4j..4j+3) is column 8k + j. Lanes 0-7 hold the
- *     block's first group, lanes 8-15 its second. Per block a 16-lane sum
- *     over j = 0..7 (a plain multiply, then fmaf), folded in as acc =
- *     fmaf(sum, the lane's group scale, acc). A last lone group (cols % 128
- *     = 64) fills lanes 0-7 only. A vector level then needs one load and
- *     one shift per 16 weights and no nibble interleave.
+ *   int4-g64 (the "fixed-point order"): a block of 128 columns (two
+ *     groups) is 64 packed bytes, i.e. 16 little-endian dwords; lane k owns
+ *     dword k, whose nibble j (bits 4j..4j+3) is column 8k + j; lanes 0-7
+ *     hold the block's first group, 8-15 its second. Per token and lane,
+ *     with m = max|x| over the lane's 8 columns = f 2^e (frexpf, 0.5 <= f <
+ *     1; m = 0 counts as e = -190), E = max(e - 22, -149) and X = rint(x
+ *     2^-E), half to even: |X| <= 2^22, so each x is held to 2^(e-23) <=
+ *     2^-22 m, near a float's precision at the lane's largest element (and
+ *     exactly when E = -149: every float is a multiple of 2^-149); smaller
+ *     elements of the lane keep fewer bits. Per block the lane's
+ *     exact integer A_k = sum_j (nibble_j - 8) X_{8k+j} (|A| <= 2^28), folded
+ *     in as acc = fmaf((float)A_k * 2^E, the lane's group scale, acc). A
+ *     last lone group (cols % 128 = 64) fills lanes 0-7 only. A lane with
+ *     inf or NaN gets 2^E = NaN (its rows' results are NaN). A vector level
+ *     gets A_k from integer dot products of the nibbles with three signed
+ *     8-bit digits of X (k3_i4x_block): one 64-byte load per row and block
+ *     and six vpdpbusd, where float FMAs need a decode and a multiply-add
+ *     per 16 weights.
  *
  * Why not one column-order sum: over 7168 columns it carries ~1.5e-6
  * relative error by itself, so no vector kernel could be "within 1e-6" of
@@ -259,26 +269,101 @@ static void sc_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0
     }
 }
 
-/* Dword order (above). */
-static void sc_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+/* One lane's 8 columns x (the fixed-point order above) -> X and 2^E. */
+static void i4x_lane(const float *x, int32_t X[8], float *e) {
+    float m = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < 8; j++) {
+        const float a = fabsf(x[j]);
+        finite &= a <= 3.40282347e38f; /* false for inf and NaN */
+        m = a > m ? a : m;
+    }
+    int ex = -190; /* m = 0: E = -149 like the smallest subnormal */
+    if (m > 0.0f) (void)frexpf(m, &ex);
+    const int E = ex - 22 > -149 ? ex - 22 : -149;
+    /* x * 2^-E in two exact power-of-two steps (2^-E <= 2^149) */
+    const float pre = -E > 126 ? 0x1p64f : 1.0f;
+    const float inv = ldexpf(1.0f, -E > 126 ? -E - 64 : -E);
+    for (int j = 0; j < 8; j++) {
+        const float v = finite ? x[j] * pre * inv : 0.0f; /* |v| <= 2^22 */
+        X[j] = (int32_t)((v + 0x1.8p23f) - 0x1.8p23f);    /* rint, half to even: exact here */
+    }
+    *e = finite ? ldexpf(1.0f, E) : NAN;
+}
+
+/* Fixed-point order (above), one group of 64 columns: flat loops. */
+void k3_i4x_group_scalar(const float *x, k3_i4x_block *blk, int h) {
+    int32_t X[64];
+    for (int k = 0; k < 8; k++) i4x_lane(x + 8 * k, X + 8 * k, &blk->e[8 * h + k]);
+    int8_t d[3][64];
+    for (int i = 0; i < 64; i++) {
+        const int32_t d0 = (int32_t)(((uint32_t)X[i] + 128u) & 255u) - 128;
+        const int32_t t = (X[i] - d0) / 256; /* exact */
+        const int32_t d1 = (int32_t)(((uint32_t)t + 128u) & 255u) - 128;
+        d[0][i] = (int8_t)d0, d[1][i] = (int8_t)d1, d[2][i] = (int8_t)((t - d1) / 256);
+    }
+    for (int p = 0; p < 3; p++)
+        for (int i = 0; i < 32; i++) {
+            blk->d[p][0][32 * h + i] = d[p][2 * i];
+            blk->d[p][1][32 * h + i] = d[p][2 * i + 1];
+        }
+    int32_t sum[8] = {0};
+    for (int i = 0; i < 64; i++) sum[i / 8] += X[i];
+    for (int k = 0; k < 8; k++) blk->c[8 * h + k] = -8 * sum[k];
+}
+
+void k3_i4_xfix(const float *x, int n, int cols, k3_i4x_block *xb, k3_i4x_group_fn group) {
+    const size_t nb = k3_i4_xblocks(cols);
+    for (int t = 0; t < n; t++)
+        for (size_t b = 0; b < nb; b++) {
+            k3_i4x_block *blk = xb + (size_t)t * nb + b;
+            const float *xt = x + (size_t)t * cols + 128 * b;
+            if (128 * b + 64 >= (size_t)cols) { /* a lone last group: lanes 8-15 zero */
+                memset(blk->d, 0, sizeof blk->d);
+                memset(blk->c + 8, 0, 8 * sizeof(int32_t));
+                memset(blk->e + 8, 0, 8 * sizeof(float));
+            } else
+                group(xt + 64, blk, 1);
+            group(xt, blk, 0);
+        }
+}
+
+void k3_i4_rows_chunked(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1,
+                        k3_i4x_group_fn group, k3_i4_chunk_fn run) {
+    const int cols = m->cols;
+    const size_t nb = k3_i4_xblocks(cols);
+    const int tch = k3_kern_chunk(n, nb * sizeof(k3_i4x_block));
+    k3_i4x_block *xb = k3_kern_scratch((size_t)tch * nb * sizeof(k3_i4x_block));
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        k3_i4_xfix(x + (size_t)t0 * cols, tn, cols, xb, group);
+        run(m, (const float *)xb, tn, y + (size_t)t0 * m->rows, r0, r1);
+    }
+}
+
+/* Fixed-point order (above), one token chunk of blocks. */
+static void sc_i4_chunk(const k3_qmat *m, const float *xp, int n, float *y, int r0, int r1) {
     const int cols = m->cols, ng = cols / 64;
+    const size_t nb = k3_i4_xblocks(cols);
+    const k3_i4x_block *xb = (const k3_i4x_block *)xp;
     for (int r = r0; r < r1; r++) {
         const uint8_t *q = m->q4 + (size_t)r * (cols / 2);
         const float *sc = m->scales + (size_t)r * ng;
         for (int t = 0; t < n; t++) {
-            const float *xt = x + (size_t)t * cols;
             float a[LANES] = {0};
             for (int g = 0; g < ng; g += 2) {
+                const k3_i4x_block *b = xb + (size_t)t * nb + g / 2;
                 const int lanes = g + 1 < ng ? LANES : LANES / 2;
                 for (int k = 0; k < lanes; k++) {
                     const uint8_t *d = q + g * 32 + 4 * k; /* dword k of the block */
-                    const float *xk = xt + g * 64 + 8 * k;
-                    float gs = 0.0f;
+                    int32_t A = b->c[k];
                     for (int j = 0; j < 8; j++) {
-                        const float v = (float)(((d[j / 2] >> (4 * (j & 1))) & 15) - 8);
-                        gs = j == 0 ? v * xk[0] : fmaf(v, xk[j], gs);
+                        const int at = 4 * k + j / 2, h = j & 1;
+                        const int32_t X =
+                            b->d[0][h][at] + 256 * b->d[1][h][at] + 65536 * b->d[2][h][at];
+                        A += ((d[j / 2] >> (4 * h)) & 15) * X;
                     }
-                    a[k] = fmaf(gs, sc[g + k / 8], a[k]);
+                    a[k] = fmaf((float)A * b->e[k], sc[g + k / 8], a[k]);
                 }
             }
             y[(size_t)t * m->rows + r] = lane_tree(a);
@@ -286,31 +371,8 @@ static void sc_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0
     }
 }
 
-void k3_i4_xperm(const float *x, int n, int cols, float *xp) {
-    const size_t ld = k3_i4_xld(cols);
-    for (int t = 0; t < n; t++) {
-        const float *xt = x + (size_t)t * cols;
-        float *pt = xp + (size_t)t * ld;
-        for (size_t b = 0; b < ld; b += 128)
-            for (int j = 0; j < 8; j++)
-                for (int k = 0; k < 16; k++) {
-                    const size_t c = b + 8 * (size_t)k + (size_t)j;
-                    pt[b + 16 * (size_t)j + (size_t)k] = c < (size_t)cols ? xt[c] : 0.0f;
-                }
-    }
-}
-
-void k3_i4_rows_chunked(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1,
-                        k3_i4_chunk_fn run) {
-    const int cols = m->cols;
-    const size_t ldx = k3_i4_xld(cols);
-    const int tch = k3_kern_chunk(n, ldx * sizeof(float));
-    float *xp = k3_kern_scratch((size_t)tch * ldx * sizeof(float));
-    for (int t0 = 0; t0 < n; t0 += tch) {
-        const int tn = n - t0 < tch ? n - t0 : tch;
-        k3_i4_xperm(x + (size_t)t0 * cols, tn, cols, xp);
-        run(m, xp, tn, y + (size_t)t0 * m->rows, r0, r1);
-    }
+static void sc_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
+    k3_i4_rows_chunked(m, x, n, y, r0, r1, k3_i4x_group_scalar, sc_i4_chunk);
 }
 
 /* MXFP4 exact-float (spec 4.1): y = sum_g 2^(s-127) * sum_{i in g} x v(n).

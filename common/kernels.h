@@ -68,7 +68,9 @@ size_t k3_qmat_bytes(const k3_qmat *m);
 /* y[t][r] = sum_c W[r][c] x[t][c] for t in [0,n), r in [r0,r1).
  * x: [n][cols], y: [n][rows] (row stride = m->rows). Float activations and
  * float accumulation per row in the 16-lane order (spec 4.2 fixes no order);
- * I8 multiplies the row scale at the end, I4G64 scales each group sum. */
+ * I8 multiplies the row scale at the end. I4G64 holds x per 8 columns in
+ * fixed point at 2^-22 of their max|x| and sums each lane of 8 exactly in
+ * integers before its group scale (kernels.c, the fixed-point order). */
 void k3_qmat_matmul_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1);
 /* Same over all rows, split across the pool. With m->idot set (and an
  * I8/I4G64 matrix of cols % 32 == 0) the activations are quantized here

@@ -8,8 +8,9 @@
  * in a second one (16j+8..15); vfmadd where the scalar calls fmaf (both
  * round once); the final k3_lane_tree8x2(lo, hi) is the scalar lane tree.
  * MXFP4 uses doubled e2m1 values and 2^(s-127)/2 like the scalar and runs
- * in the nibble order of kernels.c, int4 in its dword order, both on
- * permuted activations (the decoders never interleave nibbles).
+ * in the nibble order of kernels.c on permuted activations (the decoder
+ * never interleaves nibbles); int4 runs in the fixed-point order, its exact
+ * integer lane sums from vpmaddubsw / vpmaddwd.
  * Integer-dot kernels keep the float part (acc += isum * f in group order)
  * in lanes that are ROWS, the scalar's operation sequence per row.
  *
@@ -126,17 +127,20 @@ AVX2_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, floa
     }
 }
 
-/* int4-g64 in dword order (kernels.c; x permuted by k3_i4_xperm): lanes
- * 0-7 (h = 0) and 8-15 (h = 1) are two ymm, each one 32-byte load per
- * block of 128 columns; nibble j of each dword -> a float by the magic
- * number (0x4B000000 | nibble is 2^23 + nibble, minus 2^23 + 8, exact). */
+/* int4-g64 in the fixed-point order (kernels.c; x as k3_i4x_block): lanes
+ * 0-7 (h = 0) and 8-15 (h = 1) are two ymm, each one 32-byte load per block
+ * of 128 columns split into low and high nibbles (u8). Digit p's partial
+ * sum Pp is vpmaddubsw with the even and with the odd columns' digits
+ * (words <= 2 * 15 * 128 each, so no saturation), added, then vpmaddwd by
+ * ones into the dword lanes; the lane's exact sum c + P0 + 2^8 P1 + 2^16 P2,
+ * then acc = fma(float(sum) * 2^E, the group scale, acc). */
 AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
     const int cols = m->cols, ng = cols / 64;
-    const size_t ldp = (size_t)cols / 2, ldx = k3_i4_xld(cols);
+    const size_t ldp = (size_t)cols / 2, nb = k3_i4_xblocks(cols);
     const uint8_t *qb = m->q4 + (size_t)r * ldp;
     const float *sb = m->scales + (size_t)r * ng;
-    const __m256i magic = _mm256_set1_epi32(0x4B000000), m15 = _mm256_set1_epi32(15);
-    const __m256 bias = _mm256_set1_ps(8388616.0f);
+    const k3_i4x_block *xb = (const k3_i4x_block *)x;
+    const __m256i m15 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     __m256 a[2][4][4];
     UNROLL for (int h = 0; h < 2; h++) UNROLL for (int i = 0; i < R; i++)
         UNROLL for (int j = 0; j < T; j++) a[h][i][j] = _mm256_setzero_ps();
@@ -146,28 +150,33 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
                 pf_next(qb + (size_t)i * ldp + (size_t)g * 32, (size_t)R * ldp);
         UNROLL for (int h = 0; h < 2; h++) {
             if (h == 1 && g + 1 >= ng) break; /* a lone last group: lanes 0-7 only */
-            __m256i w[4];
-            UNROLL for (int i = 0; i < R; i++) w[i] = _mm256_loadu_si256(
-                (const __m256i *)(qb + (size_t)i * ldp + (size_t)g * 32 + 32 * h));
-            __m256 gs[4][4];
-            UNROLL for (int nj = 0; nj < 8; nj++) {
-                __m256 v[4];
-                UNROLL for (int i = 0; i < R; i++) {
-                    const __m256i s = nj ? _mm256_srli_epi32(w[i], 4 * nj) : w[i];
-                    v[i] = _mm256_sub_ps(
-                        _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(s, m15), magic)),
-                        bias);
-                }
-                UNROLL for (int j = 0; j < T; j++) {
-                    const __m256 xv =
-                        _mm256_loadu_ps(x + (size_t)j * ldx + (size_t)g * 64 + nj * 16 + 8 * h);
-                    UNROLL for (int i = 0; i < R; i++) gs[i][j] =
-                        nj == 0 ? _mm256_mul_ps(v[i], xv) : mul_add(gs[i][j], v[i], xv);
-                }
-            }
+            __m256i lo[4], hi[4];
             UNROLL for (int i = 0; i < R; i++) {
-                const __m256 sv = _mm256_broadcast_ss(sb + (size_t)i * ng + g + h);
-                UNROLL for (int j = 0; j < T; j++) a[h][i][j] = mul_add(a[h][i][j], gs[i][j], sv);
+                const __m256i w = _mm256_loadu_si256(
+                    (const __m256i *)(qb + (size_t)i * ldp + (size_t)g * 32 + 32 * h));
+                lo[i] = _mm256_and_si256(w, m15);
+                hi[i] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m15);
+            }
+            UNROLL for (int j = 0; j < T; j++) {
+                const k3_i4x_block *b = xb + (size_t)j * nb + g / 2;
+                const __m256i c = _mm256_load_si256((const __m256i *)(b->c + 8 * h));
+                const __m256 e = _mm256_load_ps(b->e + 8 * h);
+                UNROLL for (int i = 0; i < R; i++) {
+                    __m256i p[3];
+                    UNROLL for (int q = 0; q < 3; q++) p[q] = _mm256_madd_epi16(
+                        _mm256_add_epi16(
+                            _mm256_maddubs_epi16(
+                                lo[i], _mm256_load_si256((const __m256i *)(b->d[q][0] + 32 * h))),
+                            _mm256_maddubs_epi16(
+                                hi[i], _mm256_load_si256((const __m256i *)(b->d[q][1] + 32 * h)))),
+                        ones);
+                    const __m256i s = _mm256_add_epi32(
+                        _mm256_add_epi32(c, p[0]),
+                        _mm256_add_epi32(_mm256_slli_epi32(p[1], 8), _mm256_slli_epi32(p[2], 16)));
+                    const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(s), e);
+                    a[h][i][j] =
+                        mul_add(a[h][i][j], v, _mm256_broadcast_ss(sb + (size_t)i * ng + g + h));
+                }
             }
         }
     }
@@ -292,14 +301,103 @@ static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat
     }
 }
 
-/* int4: one token chunk in the dword order (k3_i4_rows_chunked) */
+/* The fixed-point lane scaling of kernels.c per dword, from mb = the bits
+ * of the lane's max|x| (kernels_avx512.c z_lane_scale, with blends for
+ * masks); bad: all ones in inf / NaN lanes. */
+AVX2_INL void lane_scale(__m256i mb, __m256 *pre, __m256 *inv, __m256 *e2, __m256i *bad) {
+    *bad = _mm256_cmpgt_epi32(mb, _mm256_set1_epi32(0x7F7FFFFF)); /* |x| bits: signed is fine */
+    const __m256i biased = _mm256_srli_epi32(mb, 23);
+    const __m256 m64 = _mm256_mul_ps(_mm256_castsi256_ps(mb), _mm256_set1_ps(0x1p64f));
+    const __m256i ex = _mm256_blendv_epi8(
+        _mm256_sub_epi32(biased, _mm256_set1_epi32(126)),
+        _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(m64), 23), _mm256_set1_epi32(190)),
+        _mm256_cmpeq_epi32(biased, _mm256_setzero_si256()));
+    const __m256i E =
+        _mm256_max_epi32(_mm256_sub_epi32(ex, _mm256_set1_epi32(22)), _mm256_set1_epi32(-149));
+    const __m256i k = _mm256_sub_epi32(_mm256_setzero_si256(), E); /* -E in [-105, 149] */
+    const __m256i two = _mm256_cmpgt_epi32(k, _mm256_set1_epi32(126));
+    *pre =
+        _mm256_blendv_ps(_mm256_set1_ps(1.0f), _mm256_set1_ps(0x1p64f), _mm256_castsi256_ps(two));
+    const __m256i kk = _mm256_sub_epi32(k, _mm256_and_si256(two, _mm256_set1_epi32(64)));
+    *inv = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(kk, _mm256_set1_epi32(127)), 23));
+    const __m256i sub =
+        _mm256_sllv_epi32(_mm256_set1_epi32(1), _mm256_add_epi32(E, _mm256_set1_epi32(149)));
+    const __m256i nrm = _mm256_slli_epi32(_mm256_add_epi32(E, _mm256_set1_epi32(127)), 23);
+    const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(-126), E);
+    *e2 = _mm256_blendv_ps(_mm256_castsi256_ps(_mm256_blendv_epi8(nrm, sub, tiny)),
+                           _mm256_set1_ps(NAN), _mm256_castsi256_ps(*bad));
+}
+
+/* k3_i4x_group_scalar's bytes in ymm: even and odd columns by vshufps +
+ * vpermq (four ymm each; a 128-bit half of v[q] and v[4 + q] is one lane's
+ * 8 columns), the lane max by max of the |x| bits and two in-lane shuffles,
+ * the same products and magic-number rounding, digits by arithmetic shifts
+ * (exact: X - d is a multiple of 256), narrowed by two packs and a vpermd
+ * (no value saturates: |d| <= 128); each lane's sum of 8 by even + odd and
+ * two horizontal adds. */
+static AVX2_FN void avx2_i4x_group(const float *x, k3_i4x_block *blk, int h) {
+    const __m256i fix = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* after the packs */
+    __m256 v[8]; /* v[q] even columns 16q..16q+14, v[4+q] odd ones */
+    UNROLL for (int q = 0; q < 4; q++) {
+        const __m256 a = _mm256_loadu_ps(x + 16 * q), b = _mm256_loadu_ps(x + 16 * q + 8);
+        v[q] = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+        v[4 + q] = _mm256_castpd_ps(
+            _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+    }
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF);
+    const __m256 magic = _mm256_set1_ps(0x1.8p23f);
+    const __m256i b128 = _mm256_set1_epi32(128), b255 = _mm256_set1_epi32(255);
+    __m256i X[8], d[3][8];
+    UNROLL for (int q = 0; q < 4; q++) {
+        __m256i t = _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(v[q]), absm),
+                                     _mm256_and_si256(_mm256_castps_si256(v[4 + q]), absm));
+        t = _mm256_max_epu32(t, _mm256_shuffle_epi32(t, 0xB1));
+        t = _mm256_max_epu32(t, _mm256_shuffle_epi32(t, 0x4E));
+        __m256 pre, inv, e2;
+        __m256i bad;
+        lane_scale(t, &pre, &inv, &e2, &bad);
+        blk->e[8 * h + 2 * q] = _mm256_cvtss_f32(e2); /* lanes 2q, 2q+1: dwords 0, 4 */
+        blk->e[8 * h + 2 * q + 1] = _mm_cvtss_f32(_mm256_extractf128_ps(e2, 1));
+        UNROLL for (int eo = 0; eo < 2; eo++) {
+            const int i = q + 4 * eo;
+            const __m256 r = _mm256_andnot_ps(_mm256_castsi256_ps(bad),
+                                              _mm256_mul_ps(_mm256_mul_ps(v[i], pre), inv));
+            X[i] = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(r, magic), magic));
+            __m256i u = X[i];
+            UNROLL for (int p = 0; p < 3; p++) {
+                d[p][i] =
+                    p < 2
+                        ? _mm256_sub_epi32(_mm256_and_si256(_mm256_add_epi32(u, b128), b255), b128)
+                        : u;
+                u = _mm256_srai_epi32(_mm256_sub_epi32(u, d[p][i]), 8);
+            }
+        }
+    }
+    UNROLL for (int p = 0; p < 3; p++) UNROLL for (int eo = 0; eo < 2; eo++) {
+        const __m256i *dq = d[p] + 4 * eo;
+        const __m256i b =
+            _mm256_packs_epi16(_mm256_packs_epi32(dq[0], dq[1]), _mm256_packs_epi32(dq[2], dq[3]));
+        _mm256_storeu_si256((__m256i *)(blk->d[p][eo] + 32 * h),
+                            _mm256_permutevar8x32_epi32(b, fix));
+    }
+    __m256i s[4]; /* s[q] dword i: columns 16q + 2i, +1 */
+    UNROLL for (int q = 0; q < 4; q++) s[q] = _mm256_add_epi32(X[q], X[4 + q]);
+    const __m256i k8 =
+        _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    const __m256i c = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                       _mm256_slli_epi32(_mm256_permutevar8x32_epi32(k8, fix), 3));
+    _mm256_storeu_si256((__m256i *)(blk->c + 8 * h), c);
+}
+
+/* int4: one token chunk in the fixed-point order (k3_i4_rows_chunked) */
 static void avx2_i4_chunk(const k3_qmat *m, const float *xp, int tn, float *y, int r0, int r1) {
     tiles_run(ti4_fns, tn == 1 ? 3 : 1, tn == 1 ? 1 : 3, m, m->rows, (int)k3_i4_xld(m->cols), xp,
               tn, y, r0, r1, NULL);
 }
 
 static void avx2_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    k3_i4_rows_chunked(m, x, n, y, r0, r1, avx2_i4_chunk);
+    k3_i4_rows_chunked(m, x, n, y, r0, r1, avx2_i4x_group, avx2_i4_chunk);
 }
 
 static void avx2_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {

@@ -6,8 +6,9 @@
  * Exact-float kernels: one zmm accumulator per (row, token) is exactly the
  * 16 lanes of the scalar order (kernels.c); vfmadd where the scalar calls
  * fmaf (both round once); the final reduction adds the two 256-bit halves
- * and runs the scalar lane tree. Weights are decoded to floats by 16-entry
- * vpermps table lookups.
+ * and runs the scalar lane tree. MXFP4 weights are decoded to floats by
+ * 16-entry vpermps table lookups; int4 runs in the fixed-point order, its
+ * exact integer lane sums from vpdpbusd.
  *
  * Integer-dot (MXFP4 experts, and the opt-in dense int8 / int4): 16 rows at
  * a time with ROWS in the 32-bit lanes, so the group's integer sum lands in
@@ -117,50 +118,62 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
     }
 }
 
-/* int4-g64 in dword order (kernels.c; x permuted by k3_i4_xperm, ldx
- * floats per token): per block of 128 columns one 64-byte load per row,
- * and nibble j of every dword is one shift and one 16-entry vpermps table
- * lookup away; then acc += sum * [scale of group 2h x 8 | of 2h+1 x 8]. */
+/* int4-g64 in the fixed-point order (kernels.c; x as k3_i4x_block, ldx
+ * "floats" per token): per block of 128 columns one 64-byte load per row,
+ * split into its low and high nibbles (u8); lane k's exact integer sum is
+ * c + P0 + 2^8 (P1 + 2^8 P2), each Pp two vpdpbusd with digit p of the even
+ * and the odd columns (P1's start from 2^8 P2: one add fewer, ~3 % in L2);
+ * then acc = fma(float(sum) * 2^E, the lane's group
+ * scale [group 2h x 8 | 2h+1 x 8], acc). The token's six digit vectors stay
+ * in registers across the tile's rows (as memory operands they made the
+ * loads the bound). */
 Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
     const int cols = m->cols, ng = cols / 64;
-    const size_t ldp = (size_t)cols / 2, ldx = k3_i4_xld(cols);
+    const size_t ldp = (size_t)cols / 2, nb = k3_i4_xblocks(cols);
     const uint8_t *qb = m->q4 + (size_t)r * ldp;
     const float *sb = m->scales + (size_t)r * ng;
-    const __m512 tab4 = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const k3_i4x_block *xb = (const k3_i4x_block *)x;
+    const __m512i m15 = _mm512_set1_epi8(15);
     const __m512i sidx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     __m512 acc[4][4];
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] =
         _mm512_setzero_ps();
     for (int g = 0; g < ng; g += 2) {
         const int two = g + 1 < ng; /* else a lone last group: lanes 0-7 */
-        __m512i w[4];
+        __m512i lo[4], hi[4];
+        __m512 sv[4];
         UNROLL for (int i = 0; i < R; i++) {
             const uint8_t *p = qb + (size_t)i * ldp + (size_t)g * 32;
             if (T == 1) pf_next(p, (size_t)R * ldp);
-            w[i] = two ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(0x00FF, p);
-        }
-        __m512 gs[4][4];
-        UNROLL for (int nj = 0; nj < 8; nj++) {
-            __m512 v[4];
-            UNROLL for (int i = 0; i < R; i++) v[i] = _mm512_permutexvar_ps(
-                nj ? _mm512_srli_epi32(w[i], (unsigned)(4 * nj)) : w[i], tab4);
-            UNROLL for (int j = 0; j < T; j++) {
-                const __m512 xv = _mm512_loadu_ps(x + (size_t)j * ldx + (size_t)g * 64 + nj * 16);
-                UNROLL for (int i = 0; i < R; i++) gs[i][j] =
-                    nj == 0 ? _mm512_mul_ps(v[i], xv) : mul_add(gs[i][j], v[i], xv);
-            }
-        }
-        UNROLL for (int i = 0; i < R; i++) {
+            const __m512i w = two ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(0x00FF, p);
+            lo[i] = _mm512_and_si512(w, m15);
+            hi[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m15);
             const float *s = sb + (size_t)i * ng + g;
-            if (two) {
-                const __m512 sv = _mm512_permutexvar_ps(
-                    sidx,
-                    _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)s))));
-                UNROLL for (int j = 0; j < T; j++) acc[i][j] = mul_add(acc[i][j], gs[i][j], sv);
-            } else {
-                const __m512 sv = _mm512_set1_ps(s[0]);
-                UNROLL for (int j = 0; j < T; j++) acc[i][j] =
-                    _mm512_mask3_fmadd_ps(gs[i][j], sv, acc[i][j], 0x00FF);
+            sv[i] = two ? _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_castsi128_ps(
+                                                          _mm_loadl_epi64((const __m128i *)s))))
+                        : _mm512_set1_ps(s[0]);
+        }
+        UNROLL for (int j = 0; j < T; j++) {
+            const k3_i4x_block *b = xb + (size_t)j * nb + g / 2;
+            __m512i d00 = _mm512_load_si512(b->d[0][0]), d01 = _mm512_load_si512(b->d[0][1]);
+            __m512i d10 = _mm512_load_si512(b->d[1][0]), d11 = _mm512_load_si512(b->d[1][1]);
+            __m512i d20 = _mm512_load_si512(b->d[2][0]), d21 = _mm512_load_si512(b->d[2][1]);
+            __asm__("" : "+v"(d00), "+v"(d01), "+v"(d10), "+v"(d11), "+v"(d20), "+v"(d21));
+            const __m512i c = _mm512_load_si512(b->c);
+            const __m512 e = _mm512_load_ps(b->e);
+            UNROLL for (int i = 0; i < R; i++) {
+                const __m512i p0 =
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c, lo[i], d00), hi[i], d01);
+                const __m512i p2 = _mm512_dpbusd_epi32(
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], d20), hi[i], d21);
+                const __m512i p12 =
+                    _mm512_dpbusd_epi32(/* 2^8 P2 + P1 */
+                                        _mm512_dpbusd_epi32(_mm512_slli_epi32(p2, 8), lo[i], d10),
+                                        hi[i], d11);
+                const __m512i a = _mm512_add_epi32(p0, _mm512_slli_epi32(p12, 8));
+                const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(a), e);
+                acc[i][j] = two ? mul_add(acc[i][j], v, sv[i])
+                                : _mm512_mask3_fmadd_ps(v, sv[i], acc[i][j], 0x00FF);
             }
         }
     }
@@ -279,14 +292,97 @@ static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat
     }
 }
 
-/* int4: one token chunk in the dword order (k3_i4_rows_chunked) */
+/* The fixed-point lane scaling of kernels.c per dword, from mb = the bits
+ * of the lane's max|x|: e (frexpf's exponent) from the float's exponent
+ * field, or for subnormals and zero from m * 2^64's (zero gives -190);
+ * E = max(e - 22, -149); x * 2^-E as x * pre * inv; 2^E built from bits
+ * (subnormal below 2^-126); inf / NaN lanes flagged in bad. */
+Z_INL void z_lane_scale(__m512i mb, __m512 *pre, __m512 *inv, __m512 *e2, __mmask16 *bad) {
+    *bad = _mm512_cmpge_epu32_mask(mb, _mm512_set1_epi32(0x7F800000));
+    const __m512i biased = _mm512_srli_epi32(mb, 23);
+    const __m512 m64 = _mm512_mul_ps(_mm512_castsi512_ps(mb), _mm512_set1_ps(0x1p64f));
+    const __m512i ex = _mm512_mask_blend_epi32(
+        _mm512_cmpeq_epi32_mask(biased, _mm512_setzero_si512()),
+        _mm512_sub_epi32(biased, _mm512_set1_epi32(126)),
+        _mm512_sub_epi32(_mm512_srli_epi32(_mm512_castps_si512(m64), 23), _mm512_set1_epi32(190)));
+    const __m512i E =
+        _mm512_max_epi32(_mm512_sub_epi32(ex, _mm512_set1_epi32(22)), _mm512_set1_epi32(-149));
+    const __m512i k = _mm512_sub_epi32(_mm512_setzero_si512(), E); /* -E in [-105, 149] */
+    const __mmask16 two = _mm512_cmpgt_epi32_mask(k, _mm512_set1_epi32(126));
+    *pre = _mm512_mask_blend_ps(two, _mm512_set1_ps(1.0f), _mm512_set1_ps(0x1p64f));
+    const __m512i kk = _mm512_mask_sub_epi32(k, two, k, _mm512_set1_epi32(64));
+    *inv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(kk, _mm512_set1_epi32(127)), 23));
+    const __m512i sub =
+        _mm512_sllv_epi32(_mm512_set1_epi32(1), _mm512_add_epi32(E, _mm512_set1_epi32(149)));
+    const __m512i nrm = _mm512_slli_epi32(_mm512_add_epi32(E, _mm512_set1_epi32(127)), 23);
+    const __mmask16 normal = _mm512_cmpge_epi32_mask(E, _mm512_set1_epi32(-126));
+    *e2 = _mm512_mask_blend_ps(*bad, _mm512_castsi512_ps(_mm512_mask_blend_epi32(normal, sub, nrm)),
+                               _mm512_set1_ps(NAN));
+}
+
+/* k3_i4x_group_scalar's bytes in vectors: the group's even and odd columns
+ * (two zmm each; a 128-bit lane of v[i] and v[i + 2] is one lane's 8
+ * columns), the lane max by unsigned max of the |x| bits and two in-lane
+ * shuffles, the same products and magic-number rounding, digits by
+ * arithmetic shifts (exact: X - d is a multiple of 256), narrowed by
+ * vpmovdb; each lane's sum of 8 likewise. */
+static Z_FN void z_i4x_group(const float *x, k3_i4x_block *blk, int h) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    const __m512 x2 = _mm512_loadu_ps(x + 32), x3 = _mm512_loadu_ps(x + 48);
+    /* even columns 0-31, 32-63, odd columns 0-31, 32-63 */
+    const __m512 v[4] = {_mm512_permutex2var_ps(x0, ev, x1), _mm512_permutex2var_ps(x2, ev, x3),
+                         _mm512_permutex2var_ps(x0, od, x1), _mm512_permutex2var_ps(x2, od, x3)};
+    const __m512i absm = _mm512_set1_epi32(0x7FFFFFFF);
+    __m512 pre[2], inv[2], e2[2];
+    __mmask16 bad[2];
+    UNROLL for (int i = 0; i < 2; i++) {
+        __m512i t = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v[i]), absm),
+                                     _mm512_and_si512(_mm512_castps_si512(v[i + 2]), absm));
+        t = _mm512_max_epu32(t, _mm512_shuffle_epi32(t, _MM_PERM_CDAB));
+        t = _mm512_max_epu32(t, _mm512_shuffle_epi32(t, _MM_PERM_BADC));
+        z_lane_scale(t, &pre[i], &inv[i], &e2[i], &bad[i]);
+    }
+    const __m512 magic = _mm512_set1_ps(0x1.8p23f);
+    const __m512i b128 = _mm512_set1_epi32(128), b255 = _mm512_set1_epi32(255);
+    __m512i X[4];
+    UNROLL for (int i = 0; i < 4; i++) {
+        const int j = i & 1;
+        const __m512 r =
+            _mm512_maskz_mul_ps((__mmask16)~bad[j], _mm512_mul_ps(v[i], pre[j]), inv[j]);
+        X[i] = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(r, magic), magic));
+        __m512i t = X[i];
+        UNROLL for (int p = 0; p < 3; p++) {
+            const __m512i d =
+                p < 2 ? _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(t, b128), b255), b128)
+                      : t;
+            _mm_storeu_si128((__m128i *)(blk->d[p][i / 2] + 32 * h + 16 * (i & 1)),
+                             _mm512_cvtepi32_epi8(d));
+            t = _mm512_srai_epi32(_mm512_sub_epi32(t, d), 8);
+        }
+    }
+    __m512i s[2];
+    UNROLL for (int i = 0; i < 2; i++) {
+        __m512i t = _mm512_add_epi32(X[i], X[i + 2]); /* dword q: columns 2q, 2q+1 */
+        t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_CDAB));
+        s[i] = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, _MM_PERM_BADC)); /* x 4 per 128 bits */
+    }
+    const __m512i pick = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i c = _mm512_sub_epi32(
+        _mm512_setzero_si512(), _mm512_slli_epi32(_mm512_permutex2var_epi32(s[0], pick, s[1]), 3));
+    _mm512_mask_storeu_epi32(blk->c + 8 * h, 0x00FF, c);
+    _mm512_mask_storeu_ps(blk->e + 8 * h, 0x00FF, _mm512_permutex2var_ps(e2[0], pick, e2[1]));
+}
+
+/* int4: one token chunk in the fixed-point order (k3_i4_rows_chunked) */
 static void z_i4_chunk(const k3_qmat *m, const float *xp, int tn, float *y, int r0, int r1) {
     tiles_run(zi4_fns, tn == 1 ? 4 : 2, tn == 1 ? 1 : 4, m, m->rows, (int)k3_i4_xld(m->cols), xp,
               tn, y, r0, r1, NULL);
 }
 
 static void z_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    k3_i4_rows_chunked(m, x, n, y, r0, r1, z_i4_chunk);
+    k3_i4_rows_chunked(m, x, n, y, r0, r1, z_i4x_group, z_i4_chunk);
 }
 
 static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {

@@ -68,18 +68,40 @@ static inline k3_ik_view k3_ik_view_of(int kind, const void *mat) {
     return v;
 }
 
-/* Activations for the vector int4 tiles (the dword order of kernels.c):
- * per token, per block of 128 columns, xp[b + 16 j + k] = x[b + 8 k + j],
- * a last half block padded with zeros; k3_i4_xld(cols) floats per token. */
-static inline size_t k3_i4_xld(int cols) { return ((size_t)cols + 127) / 128 * 128; }
-void k3_i4_xperm(const float *x, int n, int cols, float *xp);
-/* A vector level's int4 float rows: x into the dword order (per-thread
- * scratch) in token chunks under K3_KERN_SCRATCH_MAX, then per chunk
- * run(m, xp, tn, y of the chunk, r0, r1), xp with k3_i4_xld(cols) floats per
- * token. */
+/* Activations for the int4-g64 float-activation kernels (the "fixed-point
+ * order" of kernels.c), per token, per block of 128 columns (two groups),
+ * one 512-byte block, 64-byte aligned:
+ *   d[p][h][4k + b]: digit p (weight 2^(8p), signed) of X[8k + 2b + h],
+ *     h = 0 the even columns (low nibbles), h = 1 the odd ones (high);
+ *   c[k]: lane k's -8 * sum_{j<8} X[8k + j] (the nibble bias);
+ *   e[k]: lane k's 2^E (lanes 0-7 are the block's first group).
+ * so that lane k of a vpdpbusd of a row's 64 packed bytes (nibbles as u8)
+ * with d[p][h] is a digit-p partial sum of lane k's eight columns. A last
+ * lone group leaves lanes 8-15 zero. */
+typedef struct k3_i4x_block {
+    int8_t d[3][2][64];
+    int32_t c[16];
+    float e[16];
+} k3_i4x_block;
+_Static_assert(sizeof(k3_i4x_block) == 512, "k3_i4x_block is 512 bytes");
+/* Blocks per token, and the same as floats: the token stride of the
+ * float-typed tile interface the blocks travel through. */
+static inline size_t k3_i4_xblocks(int cols) { return ((size_t)cols + 127) / 128; }
+static inline size_t k3_i4_xld(int cols) { return k3_i4_xblocks(cols) * 128; }
+/* One group of 64 columns x into lanes 8h..8h+7 of blk (column c's digit p
+ * at d[p][c & 1][32h + c/2]). Every level's version writes the scalar's
+ * bytes. */
+typedef void (*k3_i4x_group_fn)(const float *x, k3_i4x_block *blk, int h);
+void k3_i4x_group_scalar(const float *x, k3_i4x_block *blk, int h);
+/* x [n][cols] -> n x k3_i4_xblocks(cols) blocks at xb (cols % 64 == 0). */
+void k3_i4_xfix(const float *x, int n, int cols, k3_i4x_block *xb, k3_i4x_group_fn group);
+/* A level's int4 float rows: x into blocks (per-thread scratch, by its
+ * group function) in token chunks under K3_KERN_SCRATCH_MAX, then per chunk
+ * run(m, xp, tn, y of the chunk, r0, r1), xp the chunk's blocks seen as
+ * k3_i4_xld(cols) floats per token. */
 typedef void (*k3_i4_chunk_fn)(const k3_qmat *m, const float *xp, int tn, float *y, int r0, int r1);
 void k3_i4_rows_chunked(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1,
-                        k3_i4_chunk_fn run);
+                        k3_i4x_group_fn group, k3_i4_chunk_fn run);
 
 /* The scalar dense integer-dot row (k3_qmat_matmul_q8_rows): backends use
  * it for tail rows and levels without a vector version. */

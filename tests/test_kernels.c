@@ -601,6 +601,79 @@ static void mx_case(const char *tag, int rows, int cols, const int *ns, int nn) 
     free(s2);
 }
 
+/* int4 with float activations runs on x held per lane of 8 columns to
+ * 2^-22 of the lane's max|x| (kernels.c, the fixed-point order). Per token
+ * one kind of input: normal, zero, one outlier per group, subnormal (exact
+ * at E = -149), each lane another power of two from 2^-152 to 2^121
+ * (subnormal, the two-step scaling, normal), huge, exact rounding
+ * ties next to a large element, a different magnitude per group, then a
+ * NaN and an inf. Every level gives the same bits (check_case); each
+ * result is within that representation error (sum over columns of |w| *
+ * 2^-22 * the lane max) plus 2^-21 of the sum of |terms| (float rounding)
+ * of the float64 dot of the dequantized weights; a non-finite lane makes
+ * the row NaN. 9 groups: a lone last one. */
+static void test_i4_fixed_point(void) {
+    enum { ROWS = 19, COLS = 64 * 9, NT = 10, NAN_T = 8, INF_T = 9 };
+    float *w = fvec((size_t)ROWS * COLS), *x = fvec((size_t)NT * COLS);
+    for (int t = 0; t < NT; t++)
+        for (int c = 0; c < COLS; c++) {
+            float *v = x + (size_t)t * COLS + c;
+            const int g = c / 64;
+            switch (t) {
+            case 1: *v = 0.0f; break;
+            case 2: *v = c % 64 == 5 ? 1000.0f : *v * 1e-3f; break;
+            case 3: *v *= 1e-41f; break;                             /* subnormal */
+            case 4: *v = ldexpf(*v, -152 + (c / 8) % 40 * 7); break; /* 2^-152 .. 2^121 */
+            case 5: *v *= 1e30f; break;
+            case 6: *v = c % 64 == 0 ? 3000000.0f : (float)(c % 7) - 3.5f; break; /* E = 0: ties */
+            case 7: *v *= powf(10.0f, (float)(g - 4)); break;
+            case NAN_T: *v = g == 3 && c % 64 == 9 ? NAN : *v; break;
+            case INF_T: *v = g == 0 && c % 64 == 63 ? -INFINITY : *v; break;
+            default: break;
+            }
+        }
+    k3_qmat m;
+    k3_qmat_quantize(&m, w, ROWS, COLS, 4);
+    CHECK(m.fmt == K3_QF_I4G64, "fixed point: the matrix is int4-g64");
+    kcase k = {.kind = 0, .m = &m, .x = x, .rows = ROWS, .cols = COLS};
+    check_case("int4 fixed-point activations", &k, NT);
+    float *y = malloc(sizeof(float) * NT * ROWS);
+    force(K3_ISA_SCALAR);
+    k3_qmat_matmul_rows(&m, x, NT, y, 0, ROWS);
+    for (int t = 0; t < NT; t++) {
+        double worst = 0;
+        int nan_rows = 0;
+        for (int r = 0; r < ROWS; r++) {
+            const float yv = y[(size_t)t * ROWS + r];
+            nan_rows += isnan(yv);
+            if (t >= NAN_T) continue;
+            double ref = 0, mag = 0, rep = 0;
+            for (int c = 0; c < COLS; c++) {
+                const float *xt = x + (size_t)t * COLS;
+                double lane_max = 0;
+                for (int j = c / 8 * 8; j < c / 8 * 8 + 8; j++)
+                    lane_max = fmax(lane_max, fabs(xt[j]));
+                const double wv = dq_weight(&m, r, c), term = wv * xt[c];
+                ref += term;
+                mag += fabs(term);
+                rep += fabs(wv) * lane_max * 0x1p-22;
+            }
+            const double err = fabs(yv - ref) / (rep + mag * 0x1p-21 + COLS * 0x1p-149);
+            worst = err > worst ? err : worst;
+        }
+        if (t >= NAN_T)
+            CHECK(nan_rows == ROWS, "fixed point token %d (%s group): %d of %d rows NaN", t,
+                  t == NAN_T ? "NaN" : "inf", nan_rows, ROWS);
+        else
+            CHECK(worst <= 1.0 && nan_rows == 0,
+                  "fixed point token %d: |y - f64| within the bound (worst %.3f of it)", t, worst);
+    }
+    k3_qmat_free(&m);
+    free(w);
+    free(x);
+    free(y);
+}
+
 static void test_act_quant_edge_isa(void) {
     /* ties, zeros, tiny and huge values, NaN: every level equals scalar */
     const int cols = 256;
@@ -684,6 +757,7 @@ int main(int argc, char **argv) {
     test_mxfp4_reference();
     test_act_quant();
     test_act_quant_edge_isa();
+    test_i4_fixed_point();
 
     /* odd sizes */
     const int odd_rows[4] = {1, 3, 17, 33};
