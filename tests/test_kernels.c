@@ -563,12 +563,17 @@ static void dense_case(const char *tag, int rows, int cols, int bits, const int 
     free(x);
 }
 
-static void mx_case(const char *tag, int rows, int cols, const int *ns, int nn) {
+/* MXFP4 rows x cols with scale bytes in [s_lo, s_hi] and activations
+ * times xmul, at ns tokens: every level, split and thread count (both
+ * kernels) and the activation quantizer against scalar. */
+static void mx_case_range(const char *tag, int rows, int cols, const int *ns, int nn, int s_lo,
+                          int s_hi, float xmul) {
     int nmax = 0;
     for (int i = 0; i < nn; i++) nmax = ns[i] > nmax ? ns[i] : nmax;
     mx_buf b;
-    mx_make(&b, rows, cols, 112, 130);
+    mx_make(&b, rows, cols, s_lo, s_hi);
     float *x = fvec((size_t)nmax * cols);
+    for (size_t i = 0; i < (size_t)nmax * cols; i++) x[i] *= xmul;
     int8_t *q = malloc((size_t)nmax * cols);
     float *s = malloc(sizeof(float) * nmax * cols / 32);
     force(K3_ISA_SCALAR);
@@ -599,6 +604,22 @@ static void mx_case(const char *tag, int rows, int cols, const int *ns, int nn) 
     free(s);
     free(q2);
     free(s2);
+}
+
+static void mx_case(const char *tag, int rows, int cols, const int *ns, int nn) {
+    mx_case_range(tag, rows, cols, ns, nn, 112, 130, 1.0f);
+}
+
+/* MXFP4 group factors 2^(s-128) * sx at the edges of the float range:
+ * zero and subnormal scale bytes, products that underflow, the largest
+ * scale bytes with tiny activations and the smallest with huge ones; every
+ * level against scalar (the random cases use bytes 112-130 only). */
+static void test_mx_factor_edges(void) {
+    const int ns[2] = {5, 32};
+    mx_case_range("scales 0-20 (zero, subnormal)", 35, 2048, ns, 2, 0, 20, 1.0f);
+    mx_case_range("scales 2-40, x 1e-20 (underflow)", 35, 2048, ns, 2, 2, 40, 1e-20f);
+    mx_case_range("scales 230-254, x 1e-30", 35, 2048, ns, 2, 230, 254, 1e-30f);
+    mx_case_range("scales 2-30, x 1e30", 35, 2048, ns, 2, 2, 30, 1e30f);
 }
 
 /* int4 with float activations runs on x held per lane of 8 columns to
@@ -758,6 +779,7 @@ int main(int argc, char **argv) {
     test_act_quant();
     test_act_quant_edge_isa();
     test_i4_fixed_point();
+    test_mx_factor_edges();
 
     /* odd sizes */
     const int odd_rows[4] = {1, 3, 17, 33};
