@@ -43,7 +43,8 @@ TINY     := $(FIXTURES)/tiny
 CACHE    ?= $(HOME)/.cache/k3shard
 
 .PHONY: all deps test run asan ubsan tsan fuzz format format-check clean \
-        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives tests-bin
+        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-ab \
+        tests-bin
 
 all: $(PROGS)
 
@@ -121,6 +122,10 @@ format-check:
 
 bench-experts bench-kernels bench-layers bench-cluster bench-drives: tests-bin
 	BUILD=$(BUILD) CACHE=$(CACHE) bash tests/bench/$@.sh
+
+# Two revisions' kernel side by side: make bench-ab A=52c3c6c B=. K=int4 N=1
+bench-ab:
+	bash tests/bench/bench-ab.sh $(or $(A),HEAD) $(or $(B),.) $(or $(K),int4) $(or $(N),1) $(ROUNDS)
 
 clean:
 	rm -rf build build-asan build-ubsan build-tsan build-fuzz

@@ -1,0 +1,176 @@
+/* tests/bench/ab_kernels.c: one kernel of two builds of the library, side
+ * by side in one process (bench-ab.sh builds them): each build is a shared
+ * object loaded with dlopen, and the rounds alternate their calls (A B, then
+ * B A, ...), so a drift of this shared VM's speed hits both alike. Prints
+ * each build's best and median call and the median of the per-round ratios
+ * A / B with its quartiles: > 1 means B is faster. Not a timed test.
+ *
+ * Usage: ab_kernels A.so B.so KERNEL N [ROUNDS [THREADS]]
+ *   KERNEL: mxi8, mxf32 (MXFP4 3072x3584), int8, int8i (1536x7168), int4,
+ *           int4i (12288x7168); i: the --dense-idot kernel
+ * One copy of the weights serves both builds: a matrix under the L3 size
+ * (the MXFP4 and int8 ones) runs hot, int4 streams from RAM.
+ *
+ * This program links no part of the library itself (headers only): a k3_
+ * symbol defined here would take the place of the builds' own ones.
+ */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/kernels.h"
+#include "common/pool.h"
+#include "tests/bench/bench_util.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 64-byte aligned, size rounded up; exits on OOM */
+static void *xalloc(size_t bytes) {
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "ab_kernels: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+typedef struct {
+    void (*act_q8)(const float *, int, int, int8_t *, float *);
+    void (*mx_i8)(const k3_mxfp4 *, const int8_t *, const float *, int, float *, k3_pool *);
+    void (*mx_f32)(const k3_mxfp4 *, const float *, int, float *, k3_pool *);
+    void (*dense)(const k3_qmat *, const float *, int, float *, k3_pool *);
+    k3_status (*pool_open)(k3_pool **, int, char *, size_t);
+    void (*pool_close)(k3_pool **);
+    k3_pool *pool;
+} lib;
+
+static int lib_load(lib *l, const char *path) {
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "ab_kernels: %s\n", dlerror());
+        return -1;
+    }
+    const char *names[6] = {"k3_act_quant_q8", "k3_mxfp4_matmul_i8_mt", "k3_mxfp4_matmul_f32_mt",
+                            "k3_qmat_matmul",  "k3_pool_open",          "k3_pool_close"};
+    void *f[6];
+    for (int i = 0; i < 6; i++)
+        if (!(f[i] = dlsym(h, names[i]))) {
+            fprintf(stderr, "ab_kernels: %s: no symbol %s\n", path, names[i]);
+            return -1;
+        }
+    memcpy(&l->act_q8, &f[0], sizeof f[0]);
+    memcpy(&l->mx_i8, &f[1], sizeof f[1]);
+    memcpy(&l->mx_f32, &f[2], sizeof f[2]);
+    memcpy(&l->dense, &f[3], sizeof f[3]);
+    memcpy(&l->pool_open, &f[4], sizeof f[4]);
+    memcpy(&l->pool_close, &f[5], sizeof f[5]);
+    l->pool = NULL;
+    return 0;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 5 || argc > 7) {
+        fprintf(stderr, "usage: ab_kernels A.so B.so mxi8|mxf32|int8|int8i|int4|int4i N "
+                        "[ROUNDS [THREADS]]\n");
+        return 2;
+    }
+    const char *k = argv[3];
+    const int n = atoi(argv[4]), rounds = argc > 5 ? atoi(argv[5]) : 40;
+    const int threads = argc > 6 ? atoi(argv[6]) : 1;
+    int kind, rows, cols; /* kind: 0 mxi8, 1 mxf32, 2 dense */
+    if (!strcmp(k, "mxi8") || !strcmp(k, "mxf32"))
+        kind = !strcmp(k, "mxf32"), rows = 3072, cols = 3584;
+    else if (!strcmp(k, "int8") || !strcmp(k, "int8i"))
+        kind = 2, rows = 1536, cols = 7168;
+    else if (!strcmp(k, "int4") || !strcmp(k, "int4i"))
+        kind = 2, rows = 12288, cols = 7168;
+    else {
+        fprintf(stderr, "ab_kernels: kernel '%s': not mxi8, mxf32, int8, int8i, int4 or int4i\n",
+                k);
+        return 2;
+    }
+    if (n < 1 || n > 256 || rounds < 4 || rounds > 10000 || threads < 1 || threads > 64) {
+        fprintf(stderr,
+                "ab_kernels: n %d rounds %d threads %d: need n in [1, 256], rounds in "
+                "[4, 10000], threads in [1, 64]\n",
+                n, rounds, threads);
+        return 2;
+    }
+    lib L[2];
+    for (int v = 0; v < 2; v++) {
+        if (lib_load(&L[v], argv[1 + v])) return 1;
+        char err[256];
+        if (threads > 1 && L[v].pool_open(&L[v].pool, threads, err, sizeof err) != K3_OK) {
+            fprintf(stderr, "ab_kernels: pool: %s\n", err);
+            return 1;
+        }
+    }
+    const size_t nel = (size_t)rows * cols;
+    k3_mxfp4 mx = {.rows = rows, .cols = cols};
+    k3_qmat qm;
+    memset(&qm, 0, sizeof qm);
+    if (kind < 2) {
+        uint8_t *b = xalloc(nel / 2 + nel / 32);
+        for (size_t i = 0; i < nel / 2; i++) b[i] = (uint8_t)bench_rnd();
+        for (size_t i = 0; i < nel / 32; i++) b[nel / 2 + i] = (uint8_t)(112 + bench_rnd() % 11);
+        mx.packed = b, mx.scale = b + nel / 2;
+    } else {
+        qm.rows = rows, qm.cols = cols, qm.idot = k[4] == 'i';
+        if (!strncmp(k, "int4", 4)) {
+            qm.fmt = K3_QF_I4G64;
+            qm.q4 = xalloc(nel / 2);
+            for (size_t i = 0; i < nel / 2; i++) qm.q4[i] = (uint8_t)bench_rnd();
+            qm.scales = xalloc(nel / 64 * sizeof(float));
+            for (size_t i = 0; i < nel / 64; i++) qm.scales[i] = 0.01f;
+        } else {
+            qm.fmt = K3_QF_I8;
+            qm.q8 = xalloc(nel);
+            for (size_t i = 0; i < nel; i++) qm.q8[i] = (int8_t)bench_rnd();
+            qm.scales = xalloc((size_t)rows * sizeof(float));
+            for (int i = 0; i < rows; i++) qm.scales[i] = 0.01f;
+        }
+    }
+    float *x = xalloc(sizeof(float) * (size_t)n * cols);
+    for (size_t i = 0; i < (size_t)n * cols; i++)
+        x[i] = (float)((int)(bench_rnd() % 2001) - 1000) / 1e3f;
+    int8_t *q = xalloc((size_t)n * cols);
+    float *qs = xalloc(sizeof(float) * (size_t)n * cols / 32);
+    L[0].act_q8(x, n, cols, q, qs);
+    float *y = xalloc(sizeof(float) * (size_t)n * rows);
+    double *t[2] = {xalloc(sizeof(double) * rounds), xalloc(sizeof(double) * rounds)};
+    double *ratio = xalloc(sizeof(double) * rounds);
+    for (int r = -2; r < rounds; r++) /* two warm-up rounds */
+        for (int o = 0; o < 2; o++) {
+            const int v = (r & 1) ? 1 - o : o; /* A B, then B A */
+            const lib *l = &L[v];
+            const double t0 = now_s();
+            if (kind == 0)
+                l->mx_i8(&mx, q, qs, n, y, l->pool);
+            else if (kind == 1)
+                l->mx_f32(&mx, x, n, y, l->pool);
+            else
+                l->dense(&qm, x, n, y, l->pool);
+            if (r >= 0) t[v][r] = now_s() - t0;
+        }
+    for (int r = 0; r < rounds; r++) ratio[r] = t[0][r] / t[1][r];
+    qsort(ratio, (size_t)rounds, sizeof(double), cmp_d);
+    for (int v = 0; v < 2; v++) qsort(t[v], (size_t)rounds, sizeof(double), cmp_d);
+    printf("%s n=%d %dx%d %d thread(s), %d rounds: A best %.3f median %.3f ms | B best %.3f "
+           "median %.3f ms | A/B per round: median %.3f (quartiles %.3f %.3f)\n",
+           k, n, rows, cols, threads, rounds, t[0][0] * 1e3, t[0][rounds / 2] * 1e3, t[1][0] * 1e3,
+           t[1][rounds / 2] * 1e3, ratio[rounds / 2], ratio[rounds / 4], ratio[3 * rounds / 4]);
+    for (int v = 0; v < 2; v++) L[v].pool_close(&L[v].pool);
+    return 0;
+}
