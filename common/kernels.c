@@ -13,6 +13,7 @@
  */
 #include "kernels.h"
 
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -275,7 +276,7 @@ static void i4x_lane(const float *x, int32_t X[8], float *e) {
     int finite = 1;
     for (int j = 0; j < 8; j++) {
         const float a = fabsf(x[j]);
-        finite &= a <= 3.40282347e38f; /* false for inf and NaN */
+        finite &= a <= FLT_MAX; /* false for inf and NaN */
         m = a > m ? a : m;
     }
     int ex = -190; /* m = 0: E = -149 like the smallest subnormal */
@@ -312,7 +313,8 @@ void k3_i4x_group_scalar(const float *x, k3_i4x_block *blk, int h) {
     for (int k = 0; k < 8; k++) blk->c[8 * h + k] = -8 * sum[k];
 }
 
-void k3_i4_xfix(const float *x, int n, int cols, k3_i4x_block *xb, k3_i4x_group_fn group) {
+/* x [n][cols] -> n x k3_i4_xblocks(cols) blocks at xb (cols % 64 == 0). */
+static void i4_xfix(const float *x, int n, int cols, k3_i4x_block *xb, k3_i4x_group_fn group) {
     const size_t nb = k3_i4_xblocks(cols);
     for (int t = 0; t < n; t++)
         for (size_t b = 0; b < nb; b++) {
@@ -336,7 +338,7 @@ void k3_i4_rows_chunked(const k3_qmat *m, const float *x, int n, float *y, int r
     k3_i4x_block *xb = k3_kern_scratch((size_t)tch * nb * sizeof(k3_i4x_block));
     for (int t0 = 0; t0 < n; t0 += tch) {
         const int tn = n - t0 < tch ? n - t0 : tch;
-        k3_i4_xfix(x + (size_t)t0 * cols, tn, cols, xb, group);
+        i4_xfix(x + (size_t)t0 * cols, tn, cols, xb, group);
         run(m, (const float *)xb, tn, y + (size_t)t0 * m->rows, r0, r1);
     }
 }

@@ -118,15 +118,15 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
     }
 }
 
-/* int4-g64 in the fixed-point order (kernels.c; x as k3_i4x_block, ldx
- * "floats" per token): per block of 128 columns one 64-byte load per row,
- * split into its low and high nibbles (u8); lane k's exact integer sum is
- * c + P0 + 2^8 (P1 + 2^8 P2), each Pp two vpdpbusd with digit p of the even
- * and the odd columns (P1's start from 2^8 P2: one add fewer, ~3 % in L2);
- * then acc = fma(float(sum) * 2^E, the lane's group
- * scale [group 2h x 8 | 2h+1 x 8], acc). The token's six digit vectors stay
- * in registers across the tile's rows (as memory operands they made the
- * loads the bound). */
+/* int4-g64 in the fixed-point order (kernels.c; x as k3_i4x_block blocks,
+ * k3_i4_xld(cols) "floats" per token). Per block of 128 columns one 64-byte
+ * load per row, split into its low and high nibbles (u8). Lane k's exact
+ * integer sum is c + P0 + 2^8 (P1 + 2^8 P2), each Pp two vpdpbusd with
+ * digit p of the even and the odd columns (P1 starts from 2^8 P2: one add
+ * fewer, ~3 % in L2). Then acc = fma(float(sum) * 2^E, scale, acc) with the
+ * scales [group 2h x 8 | group 2h+1 x 8]. The token's six digit vectors
+ * stay in registers across the tile's rows (as memory operands they made
+ * the loads the bound). */
 Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, int T) {
     const int cols = m->cols, ng = cols / 64;
     const size_t ldp = (size_t)cols / 2, nb = k3_i4_xblocks(cols);

@@ -93,8 +93,6 @@ static inline size_t k3_i4_xld(int cols) { return k3_i4_xblocks(cols) * 128; }
  * bytes. */
 typedef void (*k3_i4x_group_fn)(const float *x, k3_i4x_block *blk, int h);
 void k3_i4x_group_scalar(const float *x, k3_i4x_block *blk, int h);
-/* x [n][cols] -> n x k3_i4_xblocks(cols) blocks at xb (cols % 64 == 0). */
-void k3_i4_xfix(const float *x, int n, int cols, k3_i4x_block *xb, k3_i4x_group_fn group);
 /* A level's int4 float rows: x into blocks (per-thread scratch, by its
  * group function) in token chunks under K3_KERN_SCRATCH_MAX, then per chunk
  * run(m, xp, tn, y of the chunk, r0, r1), xp the chunk's blocks seen as
