@@ -540,7 +540,7 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
     for (; kind != K3_IK_I8 && g + 1 < gn; g += 2) {                                               \
         __m256i ul[8], uh[8];                                                                      \
         const uint8_t *pg = pb + (size_t)(g0 + g) * 16;                                            \
-        if (T == 1 && ((size_t)(g0 + g) * 16 & 63) == 0)                                           \
+        if (((size_t)(g0 + g) * 16 & 63) == 0)                                                     \
             UNROLL for (int i = 0; i < 8; i++) pf_next(pg + i * ldp, 8 * ldp);                     \
         UNROLL for (int i = 0; i < 8; i++) xk_dec2(kind, pg + i * ldp, &ul[i], &uh[i]);            \
         const __m256 e0 = _mm256_load_ps(eh + g * 8), e1 = _mm256_load_ps(eh + (g + 1) * 8);       \
@@ -564,7 +564,7 @@ AVX2_INL void mxi8_scales8(const uint8_t *scale, size_t ld, int g0, int gn, floa
     for (; g < gn; g++) {                                                                          \
         __m256i u[8], w[8];                                                                        \
         const uint8_t *pg = pb + (size_t)(g0 + g) * gbytes;                                        \
-        if (T == 1 && ((size_t)(g0 + g) * gbytes & 63) == 0)                                       \
+        if (((size_t)(g0 + g) * gbytes & 63) == 0)                                                 \
             UNROLL for (int i = 0; i < 8; i++) pf_next(pg + i * ldp, 8 * ldp);                     \
         UNROLL for (int i = 0; i < 8; i++) u[i] = xk_dec(kind, pg + i * ldp, &w[i]);               \
         const __m256 e = kind == K3_IK_I8 ? _mm256_setzero_ps() : _mm256_load_ps(eh + g * 8);      \
