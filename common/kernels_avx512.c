@@ -19,8 +19,8 @@
  * memory operand of vpdpbusd (inline asm: GCC does not fold it), and
  * bias * sum(q), precomputed per (token, group), is the sum's start value.
  * Below ZI8_MIN_N tokens the transpose costs more than it saves: the nibble
- * kinds run zv_tile (rows through the reduction instead) and int8 the
- * 8-row ymm kernel of kernels_avx2.c with vpdpbusd.
+ * kinds run zv_tile (rows through the reduction instead), and int8 at n = 1
+ * the 8-row ymm kernel of kernels_avx2.c with vpdpbusd (ZI8_MIN_N_I8).
  *
  * On the AMD EPYC this was tuned on, 8 independent zmm vpdpbusd chains
  * retire 3.6 G/s per core and 8 vfmadd231ps chains a quarter of that in
@@ -391,8 +391,9 @@ static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0,
 
 /* ---- MXFP4 integer-dot, 16 rows per block ---- */
 
-#define ZI8_T     16 /* tokens per tile (accumulators in registers) */
-#define ZI8_MIN_N 3  /* below: zv_tile, or for int8 the 8-row ymm kernel, is faster */
+#define ZI8_T        16 /* tokens per tile (accumulators in registers) */
+#define ZI8_MIN_N    3  /* below: zv_tile is faster for MXFP4 and int4 */
+#define ZI8_MIN_N_I8 2  /* below: the 8-row ymm kernel is faster for int8 (n = 2: 1.39x slower) */
 
 /* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
  * 16 floats per group. Full chunks of 16 groups go through a 16x16 byte
@@ -953,7 +954,7 @@ static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
 
 static void z_q8_rows(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y, int r0,
                       int r1) {
-    if (n < ZI8_MIN_N) {
+    if (n < (m->fmt == K3_QF_I8 ? ZI8_MIN_N_I8 : ZI8_MIN_N)) {
         const int r16 = m->fmt == K3_QF_I4G64 ? zv_rows(K3_IK_I4, m, xq, xs, n, y, r0, r1) : r0;
         if (r16 < r1) k3_q8_rows_vnni256(m, xq, xs, n, y, r16, r1);
         return;

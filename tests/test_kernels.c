@@ -798,6 +798,12 @@ int main(int argc, char **argv) {
     }
     mx_case("odd", 40, 32 * 300, ns + 1, 1);      /* > 256 groups: the i8 kernel's group passes */
     mx_case("odd", 13, 64, (const int[]){40}, 1); /* > 32 tokens: the i8 token passes */
+    /* every token-tile width of the integer kernels (n <= 16 is one tile) */
+    for (int n = 2; n <= 16; n++) {
+        dense_case("tile width", 33, 128, 8, &n, 1);
+        dense_case("tile width", 33, 128, 4, &n, 1);
+        mx_case("tile width", 33, 128, &n, 1);
+    }
 
     /* activations beyond the 16 MiB per-thread scratch: token chunks */
     dense_case("chunked", 16, 65536, 4, (const int[]){70}, 1);
