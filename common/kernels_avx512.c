@@ -393,7 +393,7 @@ static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0,
 
 #define ZI8_T        16 /* tokens per tile (accumulators in registers) */
 #define ZI8_MIN_N    3  /* below: zv_tile is faster for MXFP4 and int4 */
-#define ZI8_MIN_N_I8 2  /* below: the 8-row ymm kernel is faster for int8 (n = 2: 1.39x slower) */
+#define ZI8_MIN_N_I8 2  /* int8 below: the 8-row ymm kernel (this one is 1.39x faster at n = 2) */
 
 /* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
  * 16 floats per group. Full chunks of 16 groups go through a 16x16 byte
@@ -446,24 +446,14 @@ Z_INL void zi8_scales(const uint8_t *scale, size_t ld, int g0, int gn, float *eh
  *   K3_IK_I8: int8 per-row, bias 128, columns in order */
 static const int zk_bias[3] = {12, 8, 128};
 
-/* One group (32 columns) of 16 rows -> D[k] = dword k (4 columns) of rows
- * 0..15 as u8. p: the group's first byte of row 0, ldp: row stride, bytes. */
-Z_INL void zk_decode(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
-    const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-    const __m256i sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+/* int8: one group (32 columns) of 16 rows -> D[k] = dword k (4 columns) of
+ * rows 0..15 as u8 (w + 128). p: the group's first byte of row 0, ldp: row
+ * stride, bytes. */
+Z_INL void zk_decode_i8(const uint8_t *p, size_t ldp, __m512i D[8]) {
     __m256i d[16];
-    UNROLL for (int i = 0; i < 16; i++) {
-        if (kind == K3_IK_I8) { /* 32 bytes of the row, + 128 */
-            d[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + i * ldp)),
-                                    _mm256_set1_epi8((char)0x80));
-            continue;
-        }
-        /* 16 packed bytes: low nibbles | high nibbles */
-        __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + i * ldp)));
-        b = _mm256_and_si256(_mm256_srlv_epi32(b, sh), _mm256_set1_epi8(15));
-        d[i] = kind == K3_IK_MX ? _mm256_shuffle_epi8(tab, b) : b;
-    }
+    UNROLL for (int i = 0; i < 16; i++) /* 32 bytes of the row, + 128 */
+        d[i] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(p + i * ldp)),
+                                _mm256_set1_epi8((char)0x80));
     /* Z[i] = [row i | row i+4], Z[4+i] = [row 8+i | row 12+i]: the 8x8 dword
      * transposes of both halves then give rows 0-3, 4-7, 8-11, 12-15 in the
      * four 128-bit lanes of D[k]. */
@@ -499,8 +489,9 @@ Z_INL __m512i zk_perm(void) {
  * place (vpand, vpsrlw; MX: vpshufb with the 16-entry table in every lane),
  * then a 4x4 dword transpose inside the lanes of the four zmm, so D[k]
  * holds dword k (4 columns) of the 16 rows in that order; zk_tile permutes
- * its factors and results the same way. 52 vector instructions per group
- * instead of about 100 for 16 ymm rows and the 16x8 transpose. */
+ * its factors and results the same way. 52 vector instructions per group;
+ * decoding 16 ymm rows and transposing them as zk_decode_i8 does took
+ * about 100 and was 4-10 % slower at n = 32. */
 Z_INL void zk_decode_nib(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
     const __m512i tab = _mm512_broadcast_i32x4(
         _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
@@ -623,7 +614,7 @@ Z_INL void zk_tile(int kind, const void *mat, int r, const int8_t *qp, const int
         if ((g * gbytes) % 64 == 0)
             UNROLL for (int i = 0; i < 16; i++) pf_next(wg + (size_t)i * ldp, 16 * ldp);
         if (kind == K3_IK_I8)
-            zk_decode(kind, wg, ldp, D);
+            zk_decode_i8(wg, ldp, D);
         else
             zk_decode_nib(kind, wg, ldp, D);
         const __m512 e = kind == K3_IK_I8
@@ -644,7 +635,7 @@ Z_INL void zk_tile(int kind, const void *mat, int r, const int8_t *qp, const int
     if (kind == K3_IK_I8) {
         const __m512 srow = _mm512_loadu_ps(qm->scales + r);
         UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_mul_ps(acc[j], srow);
-    } else /* rows back from the ZK_PERM order */
+    } else /* rows back from the zk_perm order */
         UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_permutexvar_ps(perm, acc[j]);
     UNROLL for (int j = 0; j < T; j++) _mm512_storeu_ps(y + (size_t)j * rows, acc[j]);
 }
