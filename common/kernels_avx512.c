@@ -68,6 +68,39 @@ Z_INL void dec_nib(const uint8_t *p, __m512 tab, __m512 *ev, __m512 *od) {
     *od = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), tab);
 }
 
+/* vpermb (AVX-512 VBMI): tab's byte idx & 63 for each byte, as inline asm
+ * so that this file keeps one target; run only where k3_kern_vbmi says so */
+Z_INL __m512i permb(__m512i idx, __m512i tab) {
+    __m512i r;
+    __asm__("vpermb %2, %1, %0" : "=v"(r) : "v"(idx), "v"(tab));
+    return r;
+}
+
+/* 64 packed bytes -> u of the low nibbles (even columns) and high nibbles,
+ * each byte's u = tab[nibble] for MX (mx_u_tab), the nibble itself for I4
+ * (vbmi: tab must be the identity for I4) */
+Z_INL void dec_u8(int kind, int vbmi, __m512i b, __m512i tab, __m512i *lo, __m512i *hi) {
+    const __m512i s = _mm512_srli_epi16(b, 4); /* each byte's high nibble in bits 0-3 */
+    if (vbmi) {
+        *lo = permb(b, tab);
+        *hi = permb(s, tab);
+        return;
+    }
+    const __m512i m15 = _mm512_set1_epi8(15);
+    *lo = _mm512_and_si512(b, m15);
+    *hi = _mm512_and_si512(s, m15);
+    if (kind == K3_IK_MX) {
+        *lo = _mm512_shuffle_epi8(tab, *lo);
+        *hi = _mm512_shuffle_epi8(tab, *hi);
+    }
+}
+
+/* MXFP4 u = 2v + 12 for each nibble, in every 128-bit lane */
+Z_INL __m512i mx_u_tab(void) {
+    return _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+}
+
 /* Activations into nibble order, per block of 32: [x0 x2 .. x30 | x1 x3 .. x31]. */
 static Z_FN void perm_nibble_order(const float *x, size_t count, float *xp) {
     const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
@@ -133,7 +166,6 @@ Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, i
     const uint8_t *qb = m->q4 + (size_t)r * ldp;
     const float *sb = m->scales + (size_t)r * ng;
     const k3_i4x_block *xb = (const k3_i4x_block *)x;
-    const __m512i m15 = _mm512_set1_epi8(15);
     const __m512i sidx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     __m512 acc[4][4];
     UNROLL for (int i = 0; i < R; i++) UNROLL for (int j = 0; j < T; j++) acc[i][j] =
@@ -146,8 +178,7 @@ Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, i
             const uint8_t *p = qb + (size_t)i * ldp + (size_t)g * 32;
             if (T == 1) pf_next(p, (size_t)R * ldp);
             const __m512i w = two ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(0x00FF, p);
-            lo[i] = _mm512_and_si512(w, m15);
-            hi[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), m15);
+            dec_u8(K3_IK_I4, 0, w, _mm512_setzero_si512(), &lo[i], &hi[i]); /* no table */
             const float *s = sb + (size_t)i * ng + g;
             sv[i] = two ? _mm512_permutexvar_ps(sidx, _mm512_castps128_ps512(_mm_castsi128_ps(
                                                           _mm_loadl_epi64((const __m128i *)s))))
@@ -493,9 +524,7 @@ Z_INL __m512i zk_perm(void) {
  * decoding 16 ymm rows and transposing them as zk_decode_i8 does took
  * about 100 and was 4-10 % slower at n = 32. */
 Z_INL void zk_decode_nib(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
-    const __m512i tab = _mm512_broadcast_i32x4(
-        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m512i m0f = _mm512_set1_epi8(15);
+    const __m512i tab = mx_u_tab();
     __m512i lo[4], hi[4];
     UNROLL for (int q = 0; q < 4; q++) {
         const uint8_t *r = p + (size_t)(4 * q) * ldp;
@@ -503,12 +532,7 @@ Z_INL void zk_decode_nib(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
         z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(r + ldp)), 1);
         z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(r + 2 * ldp)), 2);
         z = _mm512_inserti32x4(z, _mm_loadu_si128((const __m128i *)(r + 3 * ldp)), 3);
-        lo[q] = _mm512_and_si512(z, m0f);
-        hi[q] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m0f);
-        if (kind == K3_IK_MX) {
-            lo[q] = _mm512_shuffle_epi8(tab, lo[q]);
-            hi[q] = _mm512_shuffle_epi8(tab, hi[q]);
-        }
+        dec_u8(kind, 0, z, tab, &lo[q], &hi[q]);
     }
     UNROLL for (int h = 0; h < 2; h++) {
         const __m512i *v = h ? hi : lo; /* dwords 0-3 of a row: low nibbles, 4-7 high */
@@ -741,31 +765,6 @@ static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, 
 
 #define ZV_MAX_N 2 /* tokens per call (ZI8_MIN_N - 1) */
 
-/* vpermb (AVX-512 VBMI): tab's byte idx & 63 for each byte, as inline asm
- * so that this file keeps one target; run only where k3_kern_vbmi says so */
-Z_INL __m512i permb(__m512i idx, __m512i tab) {
-    __m512i r;
-    __asm__("vpermb %2, %1, %0" : "=v"(r) : "v"(idx), "v"(tab));
-    return r;
-}
-
-/* 64 weight bytes -> u of the low nibbles (even columns) and high nibbles */
-Z_INL void zv_dec(int kind, int vbmi, __m512i b, __m512i tab, __m512i *lo, __m512i *hi) {
-    const __m512i s = _mm512_srli_epi16(b, 4); /* each byte's high nibble in bits 0-3 */
-    if (vbmi) {
-        *lo = permb(b, tab);
-        *hi = permb(s, tab);
-        return;
-    }
-    const __m512i m15 = _mm512_set1_epi8(15);
-    *lo = _mm512_and_si512(b, m15);
-    *hi = _mm512_and_si512(s, m15);
-    if (kind == K3_IK_MX) {
-        *lo = _mm512_shuffle_epi8(tab, *lo);
-        *hi = _mm512_shuffle_epi8(tab, *hi);
-    }
-}
-
 /* 64 bytes of 4 rows (p, p + ld, p + 2 ld, p + ld3) and a prefetch of the
  * same bytes at pf (the next block). One asm block, so that the compiler
  * keeps one base and two strides instead of 32 addresses, which it spilled
@@ -812,8 +811,7 @@ Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa,
     const size_t ldp = v.ldp;
     const uint8_t *wb = v.w + (size_t)r * ldp;
     const __m512i tab = kind == K3_IK_MX
-                            ? _mm512_broadcast_i32x4(_mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24,
-                                                                   12, 11, 10, 9, 8, 6, 4, 0))
+                            ? mx_u_tab()
                             : _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                                    11, 12, 13, 14, 15));
     /* the next block's scale bytes, a share per iteration: zk_factors'
@@ -849,7 +847,7 @@ Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa,
                 _mm512_maskz_loadu_epi8(km, wb + (size_t)i * ldp + (size_t)b * 64);
         UNROLL for (int i = 0; i < 16; i++) {
             __m512i lo, hi;
-            zv_dec(kind, vbmi, w[i], tab, &lo, &hi);
+            dec_u8(kind, vbmi, w[i], tab, &lo, &hi);
             UNROLL for (int j = 0; j < T; j++) s[j][i] =
                 _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(c0[j], lo, qe[j]), hi, qo[j]);
         }
