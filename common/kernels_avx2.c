@@ -127,6 +127,22 @@ AVX2_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, floa
     }
 }
 
+/* 32 packed bytes of one row (a pair of MXFP4 groups, or half an int4
+ * block): u of the low nibbles (even columns) and of the high nibbles (odd
+ * columns); MX through the 2v + 12 table, I4 the nibble itself. */
+AVX2_INL void xk_dec2(int kind, const uint8_t *p, __m256i *lo, __m256i *hi) {
+    const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i m15 = _mm256_set1_epi8(15);
+    const __m256i b = _mm256_loadu_si256((const __m256i *)p);
+    *lo = _mm256_and_si256(b, m15);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m15);
+    if (kind == K3_IK_MX) {
+        *lo = _mm256_shuffle_epi8(tab, *lo);
+        *hi = _mm256_shuffle_epi8(tab, *hi);
+    }
+}
+
 /* int4-g64 in the fixed-point order (kernels.c; x as k3_i4x_block): lanes
  * 0-7 (h = 0) and 8-15 (h = 1) are two ymm, each one 32-byte load per block
  * of 128 columns split into low and high nibbles (u8). Digit p's partial
@@ -140,7 +156,7 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
     const uint8_t *qb = m->q4 + (size_t)r * ldp;
     const float *sb = m->scales + (size_t)r * ng;
     const k3_i4x_block *xb = (const k3_i4x_block *)x;
-    const __m256i m15 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     __m256 a[2][4][4];
     UNROLL for (int h = 0; h < 2; h++) UNROLL for (int i = 0; i < R; i++)
         UNROLL for (int j = 0; j < T; j++) a[h][i][j] = _mm256_setzero_ps();
@@ -152,10 +168,7 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
             if (h == 1 && g + 1 >= ng) break; /* a lone last group: lanes 0-7 only */
             __m256i lo[4], hi[4];
             UNROLL for (int i = 0; i < R; i++) {
-                const __m256i w = _mm256_loadu_si256(
-                    (const __m256i *)(qb + (size_t)i * ldp + (size_t)g * 32 + 32 * h));
-                lo[i] = _mm256_and_si256(w, m15);
-                hi[i] = _mm256_and_si256(_mm256_srli_epi16(w, 4), m15);
+                xk_dec2(K3_IK_I4, qb + (size_t)i * ldp + (size_t)g * 32 + 32 * h, &lo[i], &hi[i]);
             }
             UNROLL for (int j = 0; j < T; j++) {
                 const k3_i4x_block *b = xb + (size_t)j * nb + g / 2;
@@ -434,21 +447,6 @@ AVX2_INL __m256i xk_dec(int kind, const uint8_t *p, __m256i *raw) {
     b = _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
                          _mm256_set1_epi8(15));
     return kind == K3_IK_MX ? _mm256_shuffle_epi8(tab, b) : b;
-}
-
-/* A pair of groups (32 bytes of one row): u of the low nibbles (even
- * columns of group g | of group g+1) and of the high nibbles (odd columns). */
-AVX2_INL void xk_dec2(int kind, const uint8_t *p, __m256i *lo, __m256i *hi) {
-    const __m256i tab = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-    const __m256i m15 = _mm256_set1_epi8(15);
-    const __m256i b = _mm256_loadu_si256((const __m256i *)p);
-    *lo = _mm256_and_si256(b, m15);
-    *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m15);
-    if (kind == K3_IK_MX) {
-        *lo = _mm256_shuffle_epi8(tab, *lo);
-        *hi = _mm256_shuffle_epi8(tab, *hi);
-    }
 }
 
 /* Activations for the nibble kinds, per token: each pair of groups (64
