@@ -293,7 +293,7 @@ static void i4x_lane(const float *x, int32_t X[8], float *e) {
 }
 
 /* Fixed-point order (above), one group of 64 columns: flat loops. */
-void k3_i4x_group_scalar(const float *x, k3_i4x_block *blk, int h) {
+static void i4x_group(const float *x, k3_i4x_block *blk, int h) {
     int32_t X[64];
     for (int k = 0; k < 8; k++) i4x_lane(x + 8 * k, X + 8 * k, &blk->e[8 * h + k]);
     int8_t d[3][64];
@@ -374,7 +374,7 @@ static void sc_i4_chunk(const k3_qmat *m, const float *xp, int n, float *y, int 
 }
 
 static void sc_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    k3_i4_rows_chunked(m, x, n, y, r0, r1, k3_i4x_group_scalar, sc_i4_chunk);
+    k3_i4_rows_chunked(m, x, n, y, r0, r1, i4x_group, sc_i4_chunk);
 }
 
 /* MXFP4 exact-float (spec 4.1): y = sum_g 2^(s-127) * sum_{i in g} x v(n).

@@ -341,7 +341,7 @@ AVX2_INL void lane_scale(__m256i mb, __m256 *pre, __m256 *inv, __m256 *e2, __m25
                            _mm256_set1_ps(NAN), _mm256_castsi256_ps(*bad));
 }
 
-/* k3_i4x_group_scalar's bytes in ymm: even and odd columns by vshufps +
+/* i4x_group's bytes in ymm: even and odd columns by vshufps +
  * vpermq (four ymm each; a 128-bit half of v[q] and v[4 + q] is one lane's
  * 8 columns), the lane max by max of the |x| bits and two in-lane shuffles,
  * the same products and magic-number rounding, digits by arithmetic shifts

@@ -351,7 +351,7 @@ Z_INL void z_lane_scale(__m512i mb, __m512 *pre, __m512 *inv, __m512 *e2, __mmas
                                _mm512_set1_ps(NAN));
 }
 
-/* k3_i4x_group_scalar's bytes in vectors: the group's even and odd columns
+/* i4x_group's bytes in vectors: the group's even and odd columns
  * (two zmm each; a 128-bit lane of v[i] and v[i + 2] is one lane's 8
  * columns), the lane max by unsigned max of the |x| bits and two in-lane
  * shuffles, the same products and magic-number rounding, digits by

@@ -89,10 +89,9 @@ _Static_assert(sizeof(k3_i4x_block) == 512, "k3_i4x_block is 512 bytes");
 static inline size_t k3_i4_xblocks(int cols) { return ((size_t)cols + 127) / 128; }
 static inline size_t k3_i4_xld(int cols) { return k3_i4_xblocks(cols) * 128; }
 /* One group of 64 columns x into lanes 8h..8h+7 of blk (column c's digit p
- * at d[p][c & 1][32h + c/2]). Every level's version writes the scalar's
- * bytes. */
+ * at d[p][c & 1][32h + c/2]). Every level's version writes the bytes of
+ * the scalar one (i4x_group in kernels.c). */
 typedef void (*k3_i4x_group_fn)(const float *x, k3_i4x_block *blk, int h);
-void k3_i4x_group_scalar(const float *x, k3_i4x_block *blk, int h);
 /* A level's int4 float rows: x into blocks (per-thread scratch, by its
  * group function) in token chunks under K3_KERN_SCRATCH_MAX, then per chunk
  * run(m, xp, tn, y of the chunk, r0, r1), xp the chunk's blocks seen as
