@@ -31,16 +31,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* 64-byte aligned, size rounded up; exits on OOM */
-static void *xalloc(size_t bytes) {
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (!p) {
-        fprintf(stderr, "ab_kernels: out of memory (%zu bytes)\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
 typedef struct {
     void (*act_q8)(const float *, int, int, int8_t *, float *);
     void (*mx_i8)(const k3_mxfp4 *, const int8_t *, const float *, int, float *, k3_pool *);
@@ -89,16 +79,9 @@ int main(int argc, char **argv) {
     const char *k = argv[3];
     const int n = atoi(argv[4]), rounds = argc > 5 ? atoi(argv[5]) : 40;
     const int threads = argc > 6 ? atoi(argv[6]) : 1;
-    int kind, rows, cols; /* kind: 0 mxi8, 1 mxf32, 2 dense */
-    if (!strcmp(k, "mxi8") || !strcmp(k, "mxf32"))
-        kind = !strcmp(k, "mxf32"), rows = 3072, cols = 3584;
-    else if (!strcmp(k, "int8") || !strcmp(k, "int8i"))
-        kind = 2, rows = 1536, cols = 7168;
-    else if (!strcmp(k, "int4") || !strcmp(k, "int4i"))
-        kind = 2, rows = 12288, cols = 7168;
-    else {
-        fprintf(stderr, "ab_kernels: kernel '%s': not mxi8, mxf32, int8, int8i, int4 or int4i\n",
-                k);
+    int kind, rows, cols;
+    if (bench_kernel_shape(k, &kind, &rows, &cols)) {
+        fprintf(stderr, "ab_kernels: kernel '%s': not " BENCH_KERNELS "\n", k);
         return 2;
     }
     if (n < 1 || n > 256 || rounds < 4 || rounds > 10000 || threads < 1 || threads > 64) {
@@ -117,51 +100,26 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    const size_t nel = (size_t)rows * cols;
-    k3_mxfp4 mx = {.rows = rows, .cols = cols};
-    k3_qmat qm;
-    memset(&qm, 0, sizeof qm);
-    if (kind < 2) {
-        uint8_t *b = xalloc(nel / 2 + nel / 32);
-        for (size_t i = 0; i < nel / 2; i++) b[i] = (uint8_t)bench_rnd();
-        for (size_t i = 0; i < nel / 32; i++) b[nel / 2 + i] = (uint8_t)(112 + bench_rnd() % 11);
-        mx.packed = b, mx.scale = b + nel / 2;
-    } else {
-        qm.rows = rows, qm.cols = cols, qm.idot = k[4] == 'i';
-        if (!strncmp(k, "int4", 4)) {
-            qm.fmt = K3_QF_I4G64;
-            qm.q4 = xalloc(nel / 2);
-            for (size_t i = 0; i < nel / 2; i++) qm.q4[i] = (uint8_t)bench_rnd();
-            qm.scales = xalloc(nel / 64 * sizeof(float));
-            for (size_t i = 0; i < nel / 64; i++) qm.scales[i] = 0.01f;
-        } else {
-            qm.fmt = K3_QF_I8;
-            qm.q8 = xalloc(nel);
-            for (size_t i = 0; i < nel; i++) qm.q8[i] = (int8_t)bench_rnd();
-            qm.scales = xalloc((size_t)rows * sizeof(float));
-            for (int i = 0; i < rows; i++) qm.scales[i] = 0.01f;
-        }
-    }
-    float *x = xalloc(sizeof(float) * (size_t)n * cols);
-    for (size_t i = 0; i < (size_t)n * cols; i++)
-        x[i] = (float)((int)(bench_rnd() % 2001) - 1000) / 1e3f;
-    int8_t *q = xalloc((size_t)n * cols);
-    float *qs = xalloc(sizeof(float) * (size_t)n * cols / 32);
+    bench_mat w;
+    bench_make_mat(k, rows, cols, &w);
+    float *x = bench_make_x(n, cols);
+    int8_t *q = bench_alloc((size_t)n * cols);
+    float *qs = bench_alloc(sizeof(float) * (size_t)n * cols / 32);
     L[0].act_q8(x, n, cols, q, qs);
-    float *y = xalloc(sizeof(float) * (size_t)n * rows);
-    double *t[2] = {xalloc(sizeof(double) * rounds), xalloc(sizeof(double) * rounds)};
-    double *ratio = xalloc(sizeof(double) * rounds);
+    float *y = bench_alloc(sizeof(float) * (size_t)n * rows);
+    double *t[2] = {bench_alloc(sizeof(double) * rounds), bench_alloc(sizeof(double) * rounds)};
+    double *ratio = bench_alloc(sizeof(double) * rounds);
     for (int r = -2; r < rounds; r++) /* two warm-up rounds */
         for (int o = 0; o < 2; o++) {
             const int v = (r & 1) ? 1 - o : o; /* A B, then B A */
             const lib *l = &L[v];
             const double t0 = now_s();
-            if (kind == 0)
-                l->mx_i8(&mx, q, qs, n, y, l->pool);
-            else if (kind == 1)
-                l->mx_f32(&mx, x, n, y, l->pool);
+            if (kind == BENCH_MXI8)
+                l->mx_i8(&w.mx, q, qs, n, y, l->pool);
+            else if (kind == BENCH_MXF32)
+                l->mx_f32(&w.mx, x, n, y, l->pool);
             else
-                l->dense(&qm, x, n, y, l->pool);
+                l->dense(&w.qm, x, n, y, l->pool);
             if (r >= 0) t[v][r] = now_s() - t0;
         }
     for (int r = 0; r < rounds; r++) ratio[r] = t[0][r] / t[1][r];

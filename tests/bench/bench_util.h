@@ -1,11 +1,17 @@
 /* tests/bench/bench_util.h: what the benchmark programs share: a seedable
  * xorshift64 generator for their synthetic weights and activations (the
- * clock is common/log.h's k3_now_s). Header-only; one program, one thread
- * draws from it. */
+ * clock is common/log.h's k3_now_s), and the synthetic matrices of the
+ * single-kernel programs. Header-only, and no library symbol used (types
+ * only); one program, one thread draws from the generator. */
 #ifndef K3_BENCH_UTIL_H
 #define K3_BENCH_UTIL_H
 
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kernels.h"
 
 static uint64_t bench_rng = 0x2545F4914F6CDD1Dull; /* the state; a program may reseed it */
 
@@ -14,6 +20,88 @@ static inline uint64_t bench_rnd(void) {
     bench_rng ^= bench_rng >> 7;
     bench_rng ^= bench_rng << 17;
     return bench_rng;
+}
+
+/* The single kernels of kernel_once and ab_kernels, by name, at K3 shapes:
+ * mxf32 / mxi8 (MXFP4 exact-float / integer-dot, 3072x3584 expert gate/up),
+ * int8 / int8i (1536x7168 MLA), int4 / int4i (12288x7168 KDA q/k/v); i:
+ * the --dense-idot kernel. Synthetic weights from bench_rnd, allocated
+ * here without the library (ab_kernels links none of it). */
+typedef struct bench_mat {
+    int kind;     /* BENCH_MXF32, BENCH_MXI8, BENCH_DENSE */
+    k3_mxfp4 mx;  /* the MXFP4 kinds */
+    k3_qmat qm;   /* BENCH_DENSE (idot set for the i names) */
+    size_t bytes; /* weight bytes, scales included */
+} bench_mat;
+enum { BENCH_MXF32 = 0, BENCH_MXI8 = 1, BENCH_DENSE = 2 };
+#define BENCH_KERNELS "mxf32, mxi8, int8, int8i, int4 or int4i"
+
+/* kind and K3 shape of kernel k; -1 if k is none of BENCH_KERNELS */
+static inline int bench_kernel_shape(const char *k, int *kind, int *rows, int *cols) {
+    if (!strcmp(k, "mxf32") || !strcmp(k, "mxi8"))
+        *kind = !strcmp(k, "mxi8") ? BENCH_MXI8 : BENCH_MXF32, *rows = 3072, *cols = 3584;
+    else if (!strcmp(k, "int8") || !strcmp(k, "int8i"))
+        *kind = BENCH_DENSE, *rows = 1536, *cols = 7168;
+    else if (!strcmp(k, "int4") || !strcmp(k, "int4i"))
+        *kind = BENCH_DENSE, *rows = 12288, *cols = 7168;
+    else
+        return -1;
+    return 0;
+}
+
+/* 64-byte aligned, size rounded up; exits on OOM */
+static inline void *bench_alloc(size_t bytes) {
+    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!p) {
+        fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static inline void bench_fill(uint8_t *b, size_t n) {
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)bench_rnd();
+}
+
+/* Kernel k's weights at rows x cols (cols % 64 == 0): random bytes, MXFP4
+ * scale bytes 112-122, dense scales 0.01. */
+static inline void bench_make_mat(const char *k, int rows, int cols, bench_mat *m) {
+    const size_t nel = (size_t)rows * cols;
+    memset(m, 0, sizeof *m);
+    bench_kernel_shape(k, &m->kind, &(int){0}, &(int){0});
+    if (m->kind != BENCH_DENSE) {
+        uint8_t *b = bench_alloc(nel / 2 + nel / 32);
+        bench_fill(b, nel / 2);
+        for (size_t i = 0; i < nel / 32; i++) b[nel / 2 + i] = (uint8_t)(112 + bench_rnd() % 11);
+        m->mx = (k3_mxfp4){.packed = b, .scale = b + nel / 2, .rows = rows, .cols = cols};
+        m->bytes = nel / 2 + nel / 32;
+        return;
+    }
+    k3_qmat *q = &m->qm;
+    q->rows = rows, q->cols = cols, q->idot = k[4] == 'i';
+    if (!strncmp(k, "int4", 4)) {
+        q->fmt = K3_QF_I4G64;
+        q->q4 = bench_alloc(nel / 2);
+        bench_fill(q->q4, nel / 2);
+        q->scales = bench_alloc(nel / 64 * sizeof(float));
+        for (size_t i = 0; i < nel / 64; i++) q->scales[i] = 0.01f;
+        m->bytes = nel / 2 + nel / 64 * sizeof(float);
+    } else {
+        q->fmt = K3_QF_I8;
+        q->q8 = bench_alloc(nel);
+        bench_fill((uint8_t *)q->q8, nel);
+        q->scales = bench_alloc((size_t)rows * sizeof(float));
+        for (int i = 0; i < rows; i++) q->scales[i] = 0.01f;
+        m->bytes = nel + (size_t)rows * sizeof(float);
+    }
+}
+
+/* n tokens of activations in [-1, 1], steps of 1e-3 */
+static inline float *bench_make_x(int n, int cols) {
+    float *x = bench_alloc(sizeof(float) * (size_t)n * cols);
+    for (size_t i = 0; i < (size_t)n * cols; i++)
+        x[i] = (float)((int)(bench_rnd() % 2001) - 1000) / 1e3f;
+    return x;
 }
 
 #endif
