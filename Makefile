@@ -124,8 +124,10 @@ bench-experts bench-kernels bench-layers bench-cluster bench-drives: tests-bin
 	BUILD=$(BUILD) CACHE=$(CACHE) bash tests/bench/$@.sh
 
 # Two revisions' kernel side by side: make bench-ab A=52c3c6c B=. K=int4 N=1
+# [ROUNDS=40 THREADS=1 COPIES=1] (COPIES=40: the MXFP4 and int8 ones from RAM)
 bench-ab:
-	bash tests/bench/bench-ab.sh $(or $(A),HEAD) $(or $(B),.) $(or $(K),int4) $(or $(N),1) $(ROUNDS)
+	bash tests/bench/bench-ab.sh $(or $(A),HEAD) $(or $(B),.) $(or $(K),int4) $(or $(N),1) \
+	    $(or $(ROUNDS),40) $(or $(THREADS),1) $(or $(COPIES),1)
 
 clean:
 	rm -rf build build-asan build-ubsan build-tsan build-fuzz

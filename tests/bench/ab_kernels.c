@@ -5,11 +5,13 @@
  * each build's best and median call and the median of the per-round ratios
  * A / B with its quartiles: > 1 means B is faster. Not a timed test.
  *
- * Usage: ab_kernels A.so B.so KERNEL N [ROUNDS [THREADS]]
+ * Usage: ab_kernels A.so B.so KERNEL N [ROUNDS [THREADS [COPIES]]]
  *   KERNEL: mxi8, mxf32 (MXFP4 3072x3584), int8, int8i (1536x7168), int4,
  *           int4i (12288x7168); i: the --dense-idot kernel
- * One copy of the weights serves both builds: a matrix under the L3 size
- * (the MXFP4 and int8 ones) runs hot, int4 streams from RAM.
+ * COPIES (default 1) copies of the weights serve both builds, a round being
+ * one call on each: with one, a matrix under the L3 size (the MXFP4 and
+ * int8 ones) runs hot and int4 streams from RAM; with enough copies (their
+ * sum far over L3) every kernel streams from RAM.
  *
  * This program links no part of the library itself (headers only): a k3_
  * symbol defined here would take the place of the builds' own ones.
@@ -71,24 +73,25 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 5 || argc > 7) {
+    if (argc < 5 || argc > 8) {
         fprintf(stderr, "usage: ab_kernels A.so B.so mxi8|mxf32|int8|int8i|int4|int4i N "
-                        "[ROUNDS [THREADS]]\n");
+                        "[ROUNDS [THREADS [COPIES]]]\n");
         return 2;
     }
     const char *k = argv[3];
     const int n = atoi(argv[4]), rounds = argc > 5 ? atoi(argv[5]) : 40;
-    const int threads = argc > 6 ? atoi(argv[6]) : 1;
+    const int threads = argc > 6 ? atoi(argv[6]) : 1, copies = argc > 7 ? atoi(argv[7]) : 1;
     int kind, rows, cols;
     if (bench_kernel_shape(k, &kind, &rows, &cols)) {
         fprintf(stderr, "ab_kernels: kernel '%s': not " BENCH_KERNELS "\n", k);
         return 2;
     }
-    if (n < 1 || n > 256 || rounds < 4 || rounds > 10000 || threads < 1 || threads > 64) {
+    if (n < 1 || n > 256 || rounds < 4 || rounds > 10000 || threads < 1 || threads > 64 ||
+        copies < 1 || copies > 256) {
         fprintf(stderr,
-                "ab_kernels: n %d rounds %d threads %d: need n in [1, 256], rounds in "
-                "[4, 10000], threads in [1, 64]\n",
-                n, rounds, threads);
+                "ab_kernels: n %d rounds %d threads %d copies %d: need n in [1, 256], rounds in "
+                "[4, 10000], threads in [1, 64], copies in [1, 256]\n",
+                n, rounds, threads, copies);
         return 2;
     }
     lib L[2];
@@ -100,8 +103,8 @@ int main(int argc, char **argv) {
             return 1;
         }
     }
-    bench_mat w;
-    bench_make_mat(k, rows, cols, &w);
+    bench_mat *w = bench_alloc(sizeof *w * (size_t)copies);
+    for (int c = 0; c < copies; c++) bench_make_mat(k, rows, cols, &w[c]);
     float *x = bench_make_x(n, cols);
     int8_t *q = bench_alloc((size_t)n * cols);
     float *qs = bench_alloc(sizeof(float) * (size_t)n * cols / 32);
@@ -114,21 +117,24 @@ int main(int argc, char **argv) {
             const int v = (r & 1) ? 1 - o : o; /* A B, then B A */
             const lib *l = &L[v];
             const double t0 = now_s();
-            if (kind == BENCH_MXI8)
-                l->mx_i8(&w.mx, q, qs, n, y, l->pool);
-            else if (kind == BENCH_MXF32)
-                l->mx_f32(&w.mx, x, n, y, l->pool);
-            else
-                l->dense(&w.qm, x, n, y, l->pool);
-            if (r >= 0) t[v][r] = now_s() - t0;
+            for (int c = 0; c < copies; c++)
+                if (kind == BENCH_MXI8)
+                    l->mx_i8(&w[c].mx, q, qs, n, y, l->pool);
+                else if (kind == BENCH_MXF32)
+                    l->mx_f32(&w[c].mx, x, n, y, l->pool);
+                else
+                    l->dense(&w[c].qm, x, n, y, l->pool);
+            if (r >= 0) t[v][r] = (now_s() - t0) / copies;
         }
     for (int r = 0; r < rounds; r++) ratio[r] = t[0][r] / t[1][r];
     qsort(ratio, (size_t)rounds, sizeof(double), cmp_d);
     for (int v = 0; v < 2; v++) qsort(t[v], (size_t)rounds, sizeof(double), cmp_d);
-    printf("%s n=%d %dx%d %d thread(s), %d rounds: A best %.3f median %.3f ms | B best %.3f "
+    printf("%s n=%d %dx%d %d thread(s), %d copies, %d rounds: A best %.3f median %.3f ms | B best "
+           "%.3f "
            "median %.3f ms | A/B per round: median %.3f (quartiles %.3f %.3f)\n",
-           k, n, rows, cols, threads, rounds, t[0][0] * 1e3, t[0][rounds / 2] * 1e3, t[1][0] * 1e3,
-           t[1][rounds / 2] * 1e3, ratio[rounds / 2], ratio[rounds / 4], ratio[3 * rounds / 4]);
+           k, n, rows, cols, threads, copies, rounds, t[0][0] * 1e3, t[0][rounds / 2] * 1e3,
+           t[1][0] * 1e3, t[1][rounds / 2] * 1e3, ratio[rounds / 2], ratio[rounds / 4],
+           ratio[3 * rounds / 4]);
     for (int v = 0; v < 2; v++) L[v].pool_close(&L[v].pool);
     return 0;
 }

@@ -4,7 +4,7 @@
 # git worktree of REV, or the working tree for "."), then runs
 # tests/bench/ab_kernels.c, which alternates their calls in one process.
 # Prints A/B per round: > 1 means B is faster. K3_ISA picks both levels.
-# Usage: tests/bench/bench-ab.sh REV_A REV_B KERNEL N [ROUNDS [THREADS]]
+# Usage: tests/bench/bench-ab.sh REV_A REV_B KERNEL N [ROUNDS [THREADS [COPIES]]]
 #   e.g. tests/bench/bench-ab.sh 52c3c6c . int4 1 40
 set -euo pipefail
 cd "$(dirname "$0")/../.."
