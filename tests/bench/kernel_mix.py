@@ -3,9 +3,10 @@
 hot loops, read from the built object (issue 7's profile where `perf` has no
 PMU and valgrind no AVX-512). Run by kernel-mix.sh.
 
-For each tile it disassembles the function (objdump), takes its hottest loop
-(the backward branch spanning the most vector instructions), and counts the
-loop's instructions in the classes that pipe_probe measures:
+For each tile it disassembles the function (objdump), takes its hot loop
+(the backward conditional branch spanning the most vector instructions,
+less the loops nested in it), and counts the loop's instructions in the
+classes that pipe_probe measures:
   mul    vpdpbusd, FMA, vmulps ...: one multiply unit, 1 zmm per cycle
   shuf   shuffles, permutes, shifts, widening, conversions: 1 zmm per cycle
          of one kind, 1.5 of two kinds mixed
