@@ -46,6 +46,8 @@
 #define UNPACK "vpunpckldq", "%12, %12"
 #define MOVR   "vmovdqa32", "%12"
 #define PMOVSX "vpmovsxbd", "%x12"
+#define PSHUFB "vpshufb", "%12, %12"
+#define PERMB2 "vpermb", "%13, %12"
 
 typedef struct {
     const char *name;
@@ -100,6 +102,10 @@ Z_TARGET static double run(int kind, long iters) {
     case 18: LOOP(MIX(ADDD, MOVR)); break;
     case 19: LOOP(ONE(PMOVSX)); break;
     case 20: LOOP(MIX(PMOVSX, CVT)); break;
+    case 21: LOOP(ONE(PSHUFB)); break;
+    case 22: LOOP(MIX(DPBUSD, PSHUFB)); break;
+    case 23: LOOP(MIX(PSHUFB, UNPACK)); break;
+    case 24: LOOP(MIX(PERMB, PSHUFB)); break;
     }
     const double dt = k3_now_s() - t0;
     _mm_setcsr(csr);
@@ -149,6 +155,11 @@ int main(int argc, char **argv) {
         /* the int8 float decode: widen, then convert */
         {"vpmovsxbd", 19, 8, 0},
         {"vpmovsxbd + vcvtdq2ps", 20, 8, 8},
+        /* the decode without VBMI (vpand + vpshufb) */
+        {"vpshufb", 21, 8, 0},
+        {"vpdpbusd + vpshufb", 22, 8, 8},
+        {"vpshufb + vpunpckldq", 23, 8, 8},
+        {"vpermb + vpshufb", 24, 8, 8},
     };
     const int np = sizeof P / sizeof *P;
     double rate[32];

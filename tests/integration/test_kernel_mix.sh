@@ -24,10 +24,10 @@ if "$BUILD/bench/pipe_probe" 200000 >"$T/probe.out" 2>&1; then
         ok "pipe_probe says why it has nothing to probe: $(head -n 1 "$T/probe.out")"
     else
         rows=$(grep -cE '^(vp|vf|vm|vc)[a-z0-9]+ .*[0-9]' "$T/probe.out")
-        if [ "$rows" -eq 21 ]; then
-            ok "pipe_probe prints its 21 probes"
+        if [ "$rows" -eq 25 ]; then
+            ok "pipe_probe prints its 25 probes"
         else
-            bad "pipe_probe printed $rows probe rows, expected 21: $(cat "$T/probe.out")"
+            bad "pipe_probe printed $rows probe rows, expected 25: $(cat "$T/probe.out")"
         fi
     fi
 else
