@@ -129,9 +129,9 @@ int main(int argc, char **argv) {
     for (int r = 0; r < rounds; r++) ratio[r] = t[0][r] / t[1][r];
     qsort(ratio, (size_t)rounds, sizeof(double), cmp_d);
     for (int v = 0; v < 2; v++) qsort(t[v], (size_t)rounds, sizeof(double), cmp_d);
-    printf("%s n=%d %dx%d %d thread(s), %d copies, %d rounds: A best %.3f median %.3f ms | B best "
-           "%.3f "
-           "median %.3f ms | A/B per round: median %.3f (quartiles %.3f %.3f)\n",
+    printf("%s n=%d %dx%d %d thread(s), %d copies, %d rounds: "
+           "A best %.3f median %.3f ms | B best %.3f median %.3f ms | "
+           "A/B per round: median %.3f (quartiles %.3f %.3f)\n",
            k, n, rows, cols, threads, copies, rounds, t[0][0] * 1e3, t[0][rounds / 2] * 1e3,
            t[1][0] * 1e3, t[1][rounds / 2] * 1e3, ratio[rounds / 2], ratio[rounds / 4],
            ratio[3 * rounds / 4]);

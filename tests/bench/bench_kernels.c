@@ -129,11 +129,6 @@ __attribute__((target("avx2"))) static void peak_avx2(int32_t *sink) {
     sink[0] = _mm256_extract_epi32(t, 0);
 }
 
-/* One asm string of 8 independent chains of INS: %0..%7 += f(%8, %9) */
-#define CHAINS8(INS)                                                                               \
-    INS " %9, %8, %0\n\t" INS " %9, %8, %1\n\t" INS " %9, %8, %2\n\t" INS " %9, %8, %3\n\t" INS    \
-        " %9, %8, %4\n\t" INS " %9, %8, %5\n\t" INS " %9, %8, %6\n\t" INS " %9, %8, %7"
-
 __attribute__((target("avx512f,avx512vnni"))) static void peak_avx512(int32_t *sink) {
     __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(-5);
     __m512i a0 = _mm512_set1_epi32(0), a1 = _mm512_set1_epi32(1), a2 = _mm512_set1_epi32(2),
@@ -145,7 +140,7 @@ __attribute__((target("avx512f,avx512vnni"))) static void peak_avx512(int32_t *s
      * equal and dropped half of them, which made the "peak" twice the
      * hardware's. */
     for (long i = 0; i < PEAK_ITERS; i++)
-        __asm__ volatile(CHAINS8("vpdpbusd")
+        __asm__ volatile(BENCH_CHAINS8("vpdpbusd", "%9, %8")
                          : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
                            "+v"(a7)
                          : "v"(u), "v"(s));
@@ -163,7 +158,7 @@ __attribute__((target("avx512f"))) static void peak_fma512(int32_t *sink) {
            a3 = _mm512_set1_ps(3), a4 = _mm512_set1_ps(4), a5 = _mm512_set1_ps(5),
            a6 = _mm512_set1_ps(6), a7 = _mm512_set1_ps(7);
     for (long i = 0; i < PEAK_ITERS; i++)
-        __asm__ volatile(CHAINS8("vfmadd231ps")
+        __asm__ volatile(BENCH_CHAINS8("vfmadd231ps", "%9, %8")
                          : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
                            "+v"(a7)
                          : "v"(x), "v"(y));

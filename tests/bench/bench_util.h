@@ -96,6 +96,14 @@ static inline void bench_make_mat(const char *k, int rows, int cols, bench_mat *
     }
 }
 
+/* One asm string of 8 instructions INS "SRC, %0" .. "SRC, %7" (AT&T order:
+ * sources, then the destination): 8 independent chains when INS
+ * accumulates into its destination, as in the peak and pipe probes. */
+#define BENCH_CHAINS8(INS, SRC)                                                                    \
+    INS " " SRC ", %0\n\t" INS " " SRC ", %1\n\t" INS " " SRC ", %2\n\t" INS " " SRC               \
+        ", %3\n\t" INS " " SRC ", %4\n\t" INS " " SRC ", %5\n\t" INS " " SRC ", %6\n\t" INS        \
+        " " SRC ", %7\n\t"
+
 /* n tokens of activations in [-1, 1], steps of 1e-3 */
 static inline float *bench_make_x(int n, int cols) {
     float *x = bench_alloc(sizeof(float) * (size_t)n * cols);
