@@ -21,9 +21,7 @@
 #include "tests/bench/bench_util.h"
 
 typedef struct {
-    int kind; /* BENCH_MXF32, BENCH_MXI8, BENCH_DENSE */
-    k3_mxfp4 mx;
-    k3_qmat qm;
+    bench_mat w; /* the weights, and which kernel (w.kind) */
     const float *x;
     const int8_t *q;
     const float *qs;
@@ -34,10 +32,10 @@ typedef struct {
 /* The only function callgrind collects in (--toggle-collect=kernel_call). */
 __attribute__((noinline)) void kernel_call(const call_args *a);
 __attribute__((noinline)) void kernel_call(const call_args *a) {
-    switch (a->kind) {
-    case BENCH_MXF32: k3_mxfp4_matmul_f32_mt(&a->mx, a->x, a->n, a->y, NULL); break;
-    case BENCH_MXI8: k3_mxfp4_matmul_i8_mt(&a->mx, a->q, a->qs, a->n, a->y, NULL); break;
-    default: k3_qmat_matmul(&a->qm, a->x, a->n, a->y, NULL); break;
+    switch (a->w.kind) {
+    case BENCH_MXF32: k3_mxfp4_matmul_f32_mt(&a->w.mx, a->x, a->n, a->y, NULL); break;
+    case BENCH_MXI8: k3_mxfp4_matmul_i8_mt(&a->w.mx, a->q, a->qs, a->n, a->y, NULL); break;
+    default: k3_qmat_matmul(&a->w.qm, a->x, a->n, a->y, NULL); break;
     }
 }
 
@@ -50,7 +48,7 @@ int main(int argc, char **argv) {
     const char *k = argv[1];
     call_args a = {.n = atoi(argv[2])};
     int rows, cols;
-    if (bench_kernel_shape(k, &a.kind, &rows, &cols)) {
+    if (bench_kernel_shape(k, &a.w.kind, &rows, &cols)) {
         fprintf(stderr, "kernel_once: kernel '%s': not " BENCH_KERNELS "\n", k);
         return 2;
     }
@@ -64,19 +62,17 @@ int main(int argc, char **argv) {
         return 2;
     }
     const size_t nel = (size_t)rows * cols;
-    bench_mat w;
-    bench_make_mat(k, rows, cols, &w);
-    a.mx = w.mx, a.qm = w.qm;
+    bench_make_mat(k, rows, cols, &a.w);
     float *x = bench_make_x(a.n, cols);
-    int8_t *q = malloc((size_t)a.n * cols);
-    float *qs = malloc(sizeof(float) * (size_t)a.n * cols / 32);
+    int8_t *q = bench_alloc((size_t)a.n * cols);
+    float *qs = bench_alloc(sizeof(float) * (size_t)a.n * cols / 32);
     k3_act_quant_q8(x, a.n, cols, q, qs);
     a.x = x, a.q = q, a.qs = qs;
-    a.y = malloc(sizeof(float) * (size_t)a.n * rows);
+    a.y = bench_alloc(sizeof(float) * (size_t)a.n * rows);
     kernel_call(&a);
     double s = 0;
     for (size_t i = 0; i < (size_t)a.n * rows; i++) s += a.y[i];
     printf("kernel %s isa %s n %d rows %d cols %d weight_bytes %zu macs %zu checksum %g\n", k,
-           k3_isa_name(k3_isa_active()), a.n, rows, cols, w.bytes, nel * (size_t)a.n, s);
+           k3_isa_name(k3_isa_active()), a.n, rows, cols, a.w.bytes, nel * (size_t)a.n, s);
     return 0;
 }

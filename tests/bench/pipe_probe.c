@@ -45,26 +45,52 @@
 #define MOVR   "vmovdqa32", "%12"
 #define PMOVSX "vpmovsxbd", "%x12"
 #define PSHUFB "vpshufb", "%12, %12"
-#define PERMB2 "vpermb", "%13, %12"
 
-/* Probe i runs case i of run(): n1 of the first instruction per iteration,
- * and n2 of the second (none: NULL, 0). */
+/* Every probe, in print order: ONE(X) runs 8 of X alone, MIX(X, Y) 8 of X
+ * and 8 of Y, MIX2(X, Y) 8 of X and 2 of Y. Each single instruction comes
+ * before the mixes that name it first or second (their references). run()
+ * and the label table are both generated from this one list. */
+/* clang-format off: one group of probes per line */
+// clang-format off
+#define PROBES(ONE, MIX, MIX2)                                                                     \
+    ONE(DPBUSD) ONE(FMA) ONE(MULPS) ONE(PERMB) ONE(ADDD) ONE(CVT) ONE(SRLW) ONE(UNPACK)            \
+    MIX(DPBUSD, FMA) MIX2(DPBUSD, MULPS) MIX(DPBUSD, PERMB) MIX(DPBUSD, ADDD) MIX(DPBUSD, CVT)     \
+    MIX(DPBUSD, SRLW) MIX(PERMB, UNPACK) MIX(PERMB, ADDD) MIX(PERMB, CVT)                          \
+    /* register copies (a destructive accumulator's start value) */                               \
+    MIX(DPBUSD, MOVR) MIX(ADDD, MOVR)                                                              \
+    /* the int8 float decode: widen, then convert */                                              \
+    ONE(PMOVSX) MIX(PMOVSX, CVT)                                                                   \
+    /* the decode without VBMI (vpand + vpshufb) */                                               \
+    ONE(PSHUFB) MIX(DPBUSD, PSHUFB) MIX(PSHUFB, UNPACK) MIX(PERMB, PSHUFB)
+// clang-format on
+
+/* A probe's label: both instructions' mnemonics and how many of each run
+ * per iteration (the second: NULL, 0 when alone). */
 typedef struct {
     const char *first, *second;
     int n1, n2;
 } probe;
+
+#define MNEMONIC(INS, SRC) INS
+#define LABEL1(X)          {MNEMONIC(X), NULL, 8, 0},
+#define LABEL8(X, Y)       {MNEMONIC(X), MNEMONIC(Y), 8, 8},
+#define LABEL2(X, Y)       {MNEMONIC(X), MNEMONIC(Y), 8, 2},
+static const probe P[] = {PROBES(LABEL1, LABEL8, LABEL2)};
+enum { NP = sizeof P / sizeof *P };
 
 #define ARGS                                                                                       \
     : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6), "+v"(a7), "+v"(b0),    \
       "+v"(b1), "+v"(b2), "+v"(b3)                                                                 \
     : "v"(u), "v"(s)
 
+/* probe number `kind` is the k-th entry of PROBES: each entry tests its
+ * own position */
 #define LOOP(BODY)                                                                                 \
-    for (long i = 0; i < iters; i++) __asm__ volatile(BODY ARGS)
-
-#define ONE(X)     BENCH_CHAINS8(X)
-#define MIX(X, Y)  BENCH_CHAINS8(X) CH8B(Y)
-#define MIX2(X, Y) BENCH_CHAINS8(X) CH2B(Y)
+    if (kind == k++)                                                                               \
+        for (long i = 0; i < iters; i++) __asm__ volatile(BODY ARGS);
+#define RUN1(X)    LOOP(BENCH_CHAINS8(X))
+#define RUN8(X, Y) LOOP(BENCH_CHAINS8(X) CH8B(Y))
+#define RUN2(X, Y) LOOP(BENCH_CHAINS8(X) CH2B(Y))
 
 Z_TARGET static double run(int kind, long iters) {
     /* scalars, not arrays: an array's elements went through memory around
@@ -79,33 +105,8 @@ Z_TARGET static double run(int kind, long iters) {
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);
     const double t0 = k3_now_s();
-    switch (kind) {
-    case 0: LOOP(ONE(DPBUSD)); break;
-    case 1: LOOP(ONE(FMA)); break;
-    case 2: LOOP(ONE(MULPS)); break;
-    case 3: LOOP(ONE(PERMB)); break;
-    case 4: LOOP(ONE(ADDD)); break;
-    case 5: LOOP(ONE(CVT)); break;
-    case 6: LOOP(ONE(SRLW)); break;
-    case 7: LOOP(ONE(UNPACK)); break;
-    case 8: LOOP(MIX(DPBUSD, FMA)); break;
-    case 9: LOOP(MIX2(DPBUSD, MULPS)); break;
-    case 10: LOOP(MIX(DPBUSD, PERMB)); break;
-    case 11: LOOP(MIX(DPBUSD, ADDD)); break;
-    case 12: LOOP(MIX(DPBUSD, CVT)); break;
-    case 13: LOOP(MIX(DPBUSD, SRLW)); break;
-    case 14: LOOP(MIX(PERMB, UNPACK)); break;
-    case 15: LOOP(MIX(PERMB, ADDD)); break;
-    case 16: LOOP(MIX(PERMB, CVT)); break;
-    case 17: LOOP(MIX(DPBUSD, MOVR)); break;
-    case 18: LOOP(MIX(ADDD, MOVR)); break;
-    case 19: LOOP(ONE(PMOVSX)); break;
-    case 20: LOOP(MIX(PMOVSX, CVT)); break;
-    case 21: LOOP(ONE(PSHUFB)); break;
-    case 22: LOOP(MIX(DPBUSD, PSHUFB)); break;
-    case 23: LOOP(MIX(PSHUFB, UNPACK)); break;
-    case 24: LOOP(MIX(PERMB, PSHUFB)); break;
-    }
+    int k = 0;
+    PROBES(RUN1, RUN8, RUN2)
     const double dt = k3_now_s() - t0;
     _mm_setcsr(csr);
     /* keep the chains' results (vector adds wrap; a scalar reduction's int
@@ -130,37 +131,6 @@ int main(int argc, char **argv) {
                k3_isa_name(k3_isa_detect()));
         return 0;
     }
-    static const probe P[] = {
-        {"vpdpbusd", NULL, 8, 0},
-        {"vfmadd231ps", NULL, 8, 0},
-        {"vmulps", NULL, 8, 0},
-        {"vpermb", NULL, 8, 0},
-        {"vpaddd", NULL, 8, 0},
-        {"vcvtdq2ps", NULL, 8, 0},
-        {"vpsrlw", NULL, 8, 0},
-        {"vpunpckldq", NULL, 8, 0},
-        {"vpdpbusd", "vfmadd231ps", 8, 8},
-        {"vpdpbusd", "vmulps", 8, 2},
-        {"vpdpbusd", "vpermb", 8, 8},
-        {"vpdpbusd", "vpaddd", 8, 8},
-        {"vpdpbusd", "vcvtdq2ps", 8, 8},
-        {"vpdpbusd", "vpsrlw", 8, 8},
-        {"vpermb", "vpunpckldq", 8, 8},
-        {"vpermb", "vpaddd", 8, 8},
-        {"vpermb", "vcvtdq2ps", 8, 8},
-        /* register copies (a destructive accumulator's start value) */
-        {"vpdpbusd", "vmovdqa32", 8, 8},
-        {"vpaddd", "vmovdqa32", 8, 8},
-        /* the int8 float decode: widen, then convert */
-        {"vpmovsxbd", NULL, 8, 0},
-        {"vpmovsxbd", "vcvtdq2ps", 8, 8},
-        /* the decode without VBMI (vpand + vpshufb) */
-        {"vpshufb", NULL, 8, 0},
-        {"vpdpbusd", "vpshufb", 8, 8},
-        {"vpshufb", "vpunpckldq", 8, 8},
-        {"vpermb", "vpshufb", 8, 8},
-    };
-    enum { NP = sizeof P / sizeof *P };
     double rate[NP];
     printf("# pipe_probe: zmm instructions, 8 independent chains each, 1 thread, %ld iterations\n",
            iters);
