@@ -27,7 +27,7 @@ CFLAGS   += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -ffp-contract=
             -fno-strict-aliasing -I. $(PKG_CFLAGS) $(SANFLAGS)
 LDLIBS   += $(PKG_LIBS) -lm -pthread $(SANFLAGS)
 
-LIB_SRC  := $(wildcard common/*.c) $(wildcard proto/*.c)
+LIB_SRC  := $(wildcard common/*/*.c) $(wildcard proto/*.c)
 COORD_SRC:= $(wildcard coordinator/*.c)
 WORK_SRC := $(wildcard worker/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -51,7 +51,7 @@ all: $(PROGS)
 deps:
 	bash deploy/install-deps.sh
 
-$(BUILD)/%.o: %.c $(wildcard common/*.h proto/*.h coordinator/*.h worker/*.h tests/*.h)
+$(BUILD)/%.o: %.c $(wildcard common/*/*.h proto/*.h coordinator/*.h worker/*.h tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 

@@ -38,9 +38,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/kernels.h"
-#include "common/limits.h"
-#include "common/log.h"
+#include "common/kernels/kernels.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
 #include "proto/link.h"
 /* ---- small helpers (shared with the other cluster_*.c: cluster_impl.h) */
 

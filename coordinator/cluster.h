@@ -37,9 +37,9 @@
 #include <stdio.h>
 #include <sys/types.h>
 
-#include "common/config.h"
-#include "common/err.h"
-#include "common/model.h"
+#include "common/ckpt/config.h"
+#include "common/base/err.h"
+#include "common/engine/model.h"
 #include "coordinator/generate.h"
 #include "proto/proto.h"
 

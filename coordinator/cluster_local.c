@@ -21,7 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/log.h"
+#include "common/base/log.h"
 #include "coordinator/cluster_impl.h"
 
 extern char **environ;

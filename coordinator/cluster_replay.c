@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/log.h"
+#include "common/base/log.h"
 #include "coordinator/cluster.h"
 
 typedef struct replay_rec {

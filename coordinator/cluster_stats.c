@@ -8,7 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/log.h"
+#include "common/base/log.h"
 #include "coordinator/cluster_impl.h"
 
 static double now_ms(void) { return k3_now_ms(); }

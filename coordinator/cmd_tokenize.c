@@ -1,12 +1,12 @@
 /* coordinator/cmd_tokenize.c: `k3-coordinator tokenize` (cmd_tokenize.h). */
-#include "cmd_tokenize.h"
+#include "coordinator/cmd_tokenize.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/limits.h"
-#include "common/tokenizer.h"
+#include "common/base/limits.h"
+#include "common/text/tokenizer.h"
 
 static const char USAGE[] =
     "usage: k3-coordinator tokenize --tokenizer DIR [--file F | TEXT] [--trusted]\n"

@@ -12,14 +12,14 @@
  * makes the result bit-identical for every cut (stage.h), so the chunk size
  * is purely a speed setting.
  */
-#include "generate.h"
+#include "coordinator/generate.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/limits.h"
-#include "common/log.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
 
 /* ---- in-process trunk --------------------------------------------------- */
 

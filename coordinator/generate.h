@@ -11,7 +11,7 @@
  *
  * The trunk is the layer stack [0, n_layers) behind the coordinator. It is
  * an interface so that the in-process path (k3_trunk_open_inproc: the stage
- * API of common/stage.h on this process's model) and the cluster path
+ * API of common/engine/stage.h on this process's model) and the cluster path
  * (coordinator/cluster.c: the same stage code in worker processes) are
  * interchangeable under one session and give the same bits.
  *
@@ -25,10 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/err.h"
-#include "common/model.h"
-#include "common/sampler.h"
-#include "common/stage.h"
+#include "common/base/err.h"
+#include "common/engine/model.h"
+#include "coordinator/sampler.h"
+#include "common/engine/stage.h"
 
 /* ---- trunk: the layer stack ------------------------------------------- */
 

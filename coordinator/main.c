@@ -23,26 +23,26 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cluster.h"
-#include "cmd_tokenize.h"
-#include "common/config.h"
-#include "common/engine_opts.h"
-#include "common/err.h"
-#include "common/experts.h"
-#include "common/limits.h"
-#include "common/log.h"
-#include "common/model.h"
-#include "common/opts.h"
-#include "common/sampler.h"
-#include "common/tokenizer.h"
-#include "generate.h"
-#include "keygen.h"
+#include "coordinator/cluster.h"
+#include "coordinator/cmd_tokenize.h"
+#include "common/ckpt/config.h"
+#include "common/engine/engine_opts.h"
+#include "common/base/err.h"
+#include "common/experts/experts.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
+#include "common/engine/model.h"
+#include "common/base/opts.h"
+#include "coordinator/sampler.h"
+#include "common/text/tokenizer.h"
+#include "coordinator/generate.h"
+#include "coordinator/keygen.h"
 #include "proto/link.h"
 
 /* ---- the option table -------------------------------------------------- */
 
 typedef struct coord_opts {
-    k3_engine_opts eng; /* model, numerics, threads, expert cache (common/engine_opts.h) */
+    k3_engine_opts eng; /* model, numerics, threads, expert cache (common/engine/engine_opts.h) */
     int local;          /* 0 = in-process, N > 0 = N local worker processes */
     char *ids;          /* raw ids "5,7,9" (no BOS) */
     int ngen;           /* tokens to generate */
@@ -70,7 +70,7 @@ typedef struct coord_opts {
 
 /* The one table of the program. Order is --help order: what a user needs
  * first (model, prompt, generation), then the engine's numerics and tuning
- * (the rows shared with k3-worker, common/engine_opts.h), then the cluster.
+ * (the rows shared with k3-worker, common/engine/engine_opts.h), then the cluster.
  * Variables keep the seed engine's names (K3_BITS, K3_CHUNK, COLI_TEMP, ...)
  * so existing scripts keep working; flags beat variables, variables beat
  * the defaults, and the defaults are spec 4.2 / interfaces 6.2's. */

@@ -20,9 +20,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/kernels.h"
-#include "common/limits.h"
-#include "common/log.h"
+#include "common/kernels/kernels.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
 
 /* Hidden by the stable zmq.h of libzmq 4.3.4 (draft section), but its
  * setsockopt handler is compiled in: without it a CURVE server with no ZAP

@@ -24,11 +24,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/config.h"
-#include "common/err.h"
-#include "common/model.h"
+#include "common/ckpt/config.h"
+#include "common/base/err.h"
+#include "common/engine/model.h"
 #include "proto/proto.h"
-#include "common/opts.h"
+#include "common/base/opts.h"
 
 /* Build identity sent in HELLO / HELLO_OK (logged, never compared). */
 #define K3_LINK_BUILD "k3shard proto 1.1"
@@ -140,7 +140,7 @@ k3_status k3_link_fingerprint(const char *model_dir, const k3_config *cfg, doubl
 /* The numeric settings of a model's options (isa: the level in use). */
 void k3_link_numerics(const k3_model_opts *o, int exact, proto_numerics *out);
 
-/* ---- option rows both programs use (common/opts.h tables) ----
+/* ---- option rows both programs use (common/base/opts.h tables) ----
  * One definition of the link settings each side of a link reads, so the
  * flag, variable, range and help cannot differ between k3-coordinator and
  * k3-worker. T: the program's option struct, f: its field. */

@@ -111,7 +111,7 @@ typedef struct field_desc {
         {"dense_idot", FK_BOOL, FD_V11, OFF(s.num.dense_idot), 0, 0, 1, NULL},                     \
         F_U32("isa", s.num.isa, 0, 2, NULL), F_BOOL("exact", s.num.exact)
 
-/* Per type, in wire order. Ranges are the global ones of common/limits.h;
+/* Per type, in wire order. Ranges are the global ones of common/base/limits.h;
  * the receiver applies its own with proto_check_limits. */
 static const field_desc f_hello[] = {
     F_U64("fp", hello.fingerprint, 0, ANY, NULL),
@@ -959,7 +959,7 @@ k3_status proto_check_frames(const proto_msg *m, const size_t *frame_bytes, int 
 }
 
 /* ---- receiver checks ----
- * Decode checks against the global limits of common/limits.h; a receiver
+ * Decode checks against the global limits of common/base/limits.h; a receiver
  * knows tighter ones (its model's D, its max_ctx). A zero limit is refused
  * rather than read as "unchecked", so a forgotten field cannot silently turn
  * a check off. */

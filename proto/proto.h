@@ -22,8 +22,8 @@
 #include <stdint.h>
 #include <zmq.h>
 
-#include "common/err.h"
-#include "common/limits.h"
+#include "common/base/err.h"
+#include "common/base/limits.h"
 
 #define PROTO_VERSION_MAJOR 1
 #define PROTO_VERSION_MINOR 1

@@ -1,4 +1,4 @@
-/* tests/test_chat.c: XTML rendering and the output filter (common/chat.h).
+/* tests/test_chat.c: XTML rendering and the output filter (common/text/chat.h).
  *
  * Golden renderings are written by hand from interfaces.md 2.1-2.4, twice
  * per case: the text form (markers as their content) and the list of pieces
@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/chat.h"
-#include "common/limits.h"
-#include "common/tokenizer.h"
+#include "common/text/chat.h"
+#include "common/base/limits.h"
+#include "common/text/tokenizer.h"
 #include "tests/test.h"
 
 static k3_tok *g_tok;

@@ -29,10 +29,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/limits.h"
-#include "common/log.h"
-#include "common/model.h"
-#include "common/stage.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
+#include "common/engine/model.h"
+#include "common/engine/stage.h"
 #include "coordinator/cluster.h"
 #include "coordinator/generate.h"
 #include "proto/link.h"

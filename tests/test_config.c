@@ -7,7 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/config.h"
+#include "common/ckpt/config.h"
 #include "tests/test.h"
 
 typedef struct kv {

@@ -1,5 +1,5 @@
 /* tests/test_engine_opts.c: the engine rows both programs share
- * (common/engine_opts.h): embedded at a non-zero offset of a program's
+ * (common/engine/engine_opts.h): embedded at a non-zero offset of a program's
  * struct, defaults, flags and variables land in the right fields, --exact
  * and its conflicts, the copy into k3_model_opts and the usage path, and
  * --help listing every row. */
@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/engine_opts.h"
-#include "common/model.h"
-#include "common/opts.h"
+#include "common/engine/engine_opts.h"
+#include "common/engine/model.h"
+#include "common/base/opts.h"
 #include "tests/test.h"
 
 /* A program's struct: own fields around the embedded engine settings, so a

@@ -1,4 +1,4 @@
-/* tests/test_experts.c: the expert store (common/experts.h): streaming
+/* tests/test_experts.c: the expert store (common/experts/experts.h): streaming
  * reads, the pipelined window, multi-directory shards, faults, the usage
  * history, the budget and its memory honesty.
  *
@@ -25,17 +25,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/config.h"
-#include "common/experts.h"
-#include "common/layers.h"
-#include "common/model.h"
-#include "common/safetensors.h"
-#include "common/stage.h"
-#include "test.h"
+#include "common/ckpt/config.h"
+#include "common/experts/experts.h"
+#include "common/layers/layers.h"
+#include "common/engine/model.h"
+#include "common/ckpt/safetensors.h"
+#include "common/engine/stage.h"
+#include "tests/test.h"
 /* st_edit.h is a toolbox; this test uses only its directory helpers */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-function"
-#include "st_edit.h"
+#include "tests/st_edit.h"
 #pragma GCC diagnostic pop
 
 static char err[1024];

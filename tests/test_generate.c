@@ -7,8 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common/model.h"
-#include "common/sampler.h"
+#include "common/engine/model.h"
+#include "coordinator/sampler.h"
 #include "coordinator/generate.h"
 #include "tests/test.h"
 

@@ -12,7 +12,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include "test.h"
+#include "tests/test.h"
 #include "worker/host.h"
 
 static char err[512], why[512];

@@ -1,4 +1,4 @@
-/* tests/test_kernels.c: tensor formats and matmul kernels (common/kernels.h).
+/* tests/test_kernels.c: tensor formats and matmul kernels (common/kernels/kernels.h).
  *
  * - tables and scale bytes (e2m1, ue8m0 0 -> +0, 255 -> +inf);
  * - quantizers against hand-computed values (ties to even, the float
@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common/kernels.h"
+#include "common/kernels/kernels.h"
 #include "tests/test.h"
 
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;

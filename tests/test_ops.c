@@ -1,4 +1,4 @@
-/* tests/test_ops.c: the layer operators (common/ops.c, ops_isa.h, the
+/* tests/test_ops.c: the layer operators (common/kernels/ops.c, ops_isa.h, the
  * vector backends ops_avx2.c / ops_avx512.c) and the KDA / MLA / AttnRes
  * layers that run on them.
  *
@@ -20,10 +20,10 @@
 #include <string.h>
 #include <sys/types.h>
 
-#include "common/kernels.h"
-#include "common/layers.h"
-#include "common/ops_isa.h"
-#include "common/pool.h"
+#include "common/kernels/kernels.h"
+#include "common/layers/layers.h"
+#include "common/kernels/ops_isa.h"
+#include "common/base/pool.h"
 #include "tests/test.h"
 
 static uint64_t g_rng = 0x243F6A8885A308D3ull;

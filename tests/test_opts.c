@@ -1,4 +1,4 @@
-/* tests/test_opts.c: the option table engine (common/opts.h): defaults,
+/* tests/test_opts.c: the option table engine (common/base/opts.h): defaults,
  * environment vs flag precedence, aliases, every validation message, list
  * parsing, positionals and the --help text. */
 #include <stdarg.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/opts.h"
+#include "common/base/opts.h"
 #include "tests/test.h"
 
 typedef struct topts {

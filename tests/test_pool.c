@@ -1,4 +1,4 @@
-/* tests/test_pool.c: the thread pool (common/pool.h).
+/* tests/test_pool.c: the thread pool (common/base/pool.h).
  *
  * Every task runs exactly once per k3_pool_run, across many runs, task
  * counts from 0 to far more than threads, pool sizes 1..4 and the NULL pool;
@@ -8,8 +8,8 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "common/limits.h"
-#include "common/pool.h"
+#include "common/base/limits.h"
+#include "common/base/pool.h"
 #include "tests/test.h"
 
 typedef struct {

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common/sampler.h"
+#include "coordinator/sampler.h"
 #include "tests/test.h"
 
 /* Frequencies of n draws over a vocab of v (<= 16). */

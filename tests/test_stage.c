@@ -1,4 +1,4 @@
-/* tests/test_stage.c: the forward pass (common/model.c, stage.c and the
+/* tests/test_stage.c: the forward pass (common/engine/model.c, stage.c and the
  * layer files) on the tiny checkpoint and on hand-made cases.
  *
  *   - ops, AttnRes mix, KDA step, KDA conv taps, MLA, router and one MXFP4
@@ -23,13 +23,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "common/config.h"
-#include "common/experts.h"
-#include "common/kernels.h"
-#include "common/layers.h"
-#include "common/model.h"
-#include "common/safetensors.h"
-#include "common/stage.h"
+#include "common/ckpt/config.h"
+#include "common/experts/experts.h"
+#include "common/kernels/kernels.h"
+#include "common/layers/layers.h"
+#include "common/engine/model.h"
+#include "common/ckpt/safetensors.h"
+#include "common/engine/stage.h"
 #include "tests/st_edit.h"
 #include "tests/test.h"
 

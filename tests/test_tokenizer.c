@@ -1,4 +1,4 @@
-/* tests/test_tokenizer.c: the tokenizer's own contract (common/tokenizer.h).
+/* tests/test_tokenizer.c: the tokenizer's own contract (common/text/tokenizer.h).
  *
  * Run without arguments it checks: file-format errors (missing files, bad
  * base64, duplicate rank, rank gaps, duplicate tokens, ids beyond the added
@@ -22,8 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/limits.h"
-#include "common/tokenizer.h"
+#include "common/base/limits.h"
+#include "common/text/tokenizer.h"
 #include "coordinator/cmd_tokenize.h"
 #include "tests/test.h"
 

@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/limits.h"
-#include "common/log.h"
-#include "common/safetensors.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
+#include "common/ckpt/safetensors.h"
 
 k3_status wk_pin_numa(int node, char *desc, size_t desclen, char *err, size_t errlen) {
     if (desc && desclen) desc[0] = 0;

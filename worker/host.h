@@ -15,7 +15,7 @@
 
 #include <stddef.h>
 
-#include "common/err.h"
+#include "common/base/err.h"
 
 /* Binds the process's CPUs to NUMA node `node` (hwloc logical index) and its
  * memory to that node (HWLOC_MEMBIND_BIND). desc receives e.g. "NUMA node 0:

@@ -20,19 +20,19 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/config.h"
-#include "common/engine_opts.h"
-#include "common/kernels.h"
-#include "common/limits.h"
-#include "common/log.h"
-#include "common/model.h"
-#include "common/opts.h"
+#include "common/ckpt/config.h"
+#include "common/engine/engine_opts.h"
+#include "common/kernels/kernels.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
+#include "common/engine/model.h"
+#include "common/base/opts.h"
 #include "proto/link.h"
 #include "worker/host.h"
 #include "worker/worker.h"
 
 typedef struct wopts {
-    k3_engine_opts eng; /* model, numerics, threads, expert cache (common/engine_opts.h) */
+    k3_engine_opts eng; /* model, numerics, threads, expert cache (common/engine/engine_opts.h) */
     int bits_explicit;  /* --bits / K3_BITS given (not parsed: set from the table's sources) */
     char *layers;       /* "A-B": the half-open layer range served */
     char *listen;       /* endpoint to bind */
@@ -273,7 +273,7 @@ static int run(wopts *o) {
     k3_model_opts mo;
     k3_model_opts_default(&mo);
     /* the usage history: <model>/.k3_usage unless given, "off" = none; one
-     * file for every worker of the model: a save merges (common/experts.h) */
+     * file for every worker of the model: a save merges (common/experts/experts.h) */
     char usage_path[4200];
     k3_engine_opts_model(&o->eng, &mo, usage_path, sizeof usage_path);
     mo.layer_a = a;

@@ -23,10 +23,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/config.h"
-#include "common/limits.h"
-#include "common/log.h"
-#include "common/stage.h"
+#include "common/ckpt/config.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
+#include "common/engine/stage.h"
 #include "worker/sessions.h"
 #include "worker/worker.h"
 

@@ -9,7 +9,7 @@
 
 #include <stdlib.h>
 
-#include "common/limits.h"
+#include "common/base/limits.h"
 
 typedef struct wk_slot {
     uint64_t id;       /* session id, 0 = free */

@@ -17,9 +17,9 @@
 
 #include <stdint.h>
 
-#include "common/err.h"
-#include "common/model.h"
-#include "common/stage.h"
+#include "common/base/err.h"
+#include "common/engine/model.h"
+#include "common/engine/stage.h"
 
 typedef struct wk_sessions wk_sessions;
 

@@ -22,7 +22,7 @@
 #include <signal.h>
 #include <stdint.h>
 
-#include "common/model.h"
+#include "common/engine/model.h"
 #include "proto/link.h"
 #include "proto/proto.h"
 

@@ -23,8 +23,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "common/kernels.h"
-#include "common/pool.h"
+#include "common/kernels/kernels.h"
+#include "common/base/pool.h"
 #include "tests/bench/bench_util.h"
 
 static double now_s(void) {

@@ -30,8 +30,11 @@ build_so() { # REV NAME -> $tmp/NAME.so
         git worktree add --detach -q "$src" "$1"
         worktrees+=("$src")
     fi
+    # Revisions before the common/ folders (2026-12) keep every file in common/.
+    local srcs
+    srcs=$(ls "$src"/common/*.c "$src"/common/*/*.c 2>/dev/null)
     # shellcheck disable=SC2046,SC2086
-    ${CC:-cc} $flags -I"$src" $(pkg-config --cflags $pkgs) "$src"/common/*.c "$src"/proto/*.c \
+    ${CC:-cc} $flags -I"$src" $(pkg-config --cflags $pkgs) $srcs "$src"/proto/*.c \
         -o "$tmp/$2.so" $(pkg-config --libs $pkgs) -lm
 }
 build_so "$1" a

@@ -38,11 +38,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "common/config.h"
-#include "common/err.h"
-#include "common/limits.h"
-#include "common/log.h"
-#include "common/model.h"
+#include "common/ckpt/config.h"
+#include "common/base/err.h"
+#include "common/base/limits.h"
+#include "common/base/log.h"
+#include "common/engine/model.h"
 #include "coordinator/cluster.h"
 #include "coordinator/generate.h"
 

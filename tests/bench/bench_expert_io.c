@@ -5,7 +5,7 @@
  *
  * One trial = the reads of one MoE step: 16 experts of one layer (one half
  * of its experts), each one O_DIRECT read of the whole 17.5 MB expert
- * (aligned down / rounded up to 4 KiB like common/expert_io.c), issued in
+ * (aligned down / rounded up to 4 KiB like common/experts/expert_io.c), issued in
  * disk order, into 16 aligned buffers. Engines:
  *   threads N  N threads, each taking the next expert and issuing one pread
  *              (the store's loaders, K3_LOAD_THREADS = N)
@@ -28,10 +28,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/config.h"
-#include "common/experts.h"
-#include "common/log.h"
-#include "common/safetensors.h"
+#include "common/ckpt/config.h"
+#include "common/experts/experts.h"
+#include "common/base/log.h"
+#include "common/ckpt/safetensors.h"
 
 #define ALIGN  4096u
 #define N_READ 16

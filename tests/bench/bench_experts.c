@@ -17,18 +17,18 @@
  *      one routed expert, latent up. What cannot run under the reads of
  *      the layer's experts is attention + router + latent up + the last
  *      expert (its read is the last one); latent down and the shared
- *      experts run under the first reads (common/moe.c).
+ *      experts run under the first reads (common/layers/moe.c).
  * Prints one "key value" line per figure for the script to combine.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/experts.h"
-#include "common/layers.h"
-#include "common/log.h"
-#include "common/model.h"
-#include "common/stage.h"
+#include "common/experts/experts.h"
+#include "common/layers/layers.h"
+#include "common/base/log.h"
+#include "common/engine/model.h"
+#include "common/engine/stage.h"
 
 static char err[1024];
 

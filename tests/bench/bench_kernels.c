@@ -28,9 +28,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/log.h"
-#include "common/kernels.h"
-#include "common/pool.h"
+#include "common/base/log.h"
+#include "common/kernels/kernels.h"
+#include "common/base/pool.h"
 #include "tests/bench/bench_util.h"
 
 static void fill_bytes(void *p, size_t n) {

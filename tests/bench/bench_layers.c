@@ -22,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/log.h"
-#include "common/kernels.h"
-#include "common/layers.h"
-#include "common/pool.h"
+#include "common/base/log.h"
+#include "common/kernels/kernels.h"
+#include "common/layers/layers.h"
+#include "common/base/pool.h"
 #include "tests/bench/bench_util.h"
 
 static float frand(void) {

@@ -1,6 +1,6 @@
 /* tests/bench/bench_util.h: what the benchmark programs share: a seedable
  * xorshift64 generator for their synthetic weights and activations (the
- * clock is common/log.h's k3_now_s), and the synthetic matrices of the
+ * clock is common/base/log.h's k3_now_s), and the synthetic matrices of the
  * single-kernel programs. Header-only, and no library symbol used (types
  * only); one program, one thread draws from the generator. */
 #ifndef K3_BENCH_UTIL_H
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/kernels.h"
+#include "common/kernels/kernels.h"
 
 static uint64_t bench_rng = 0x2545F4914F6CDD1Dull; /* the state; a program may reseed it */
 

@@ -8,7 +8,7 @@
 set -euo pipefail
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/../.."
-make --no-print-directory -s BUILD="$BUILD" "$BUILD/bench/pipe_probe" "$BUILD/common/kernels_avx512.o"
+make --no-print-directory -s BUILD="$BUILD" "$BUILD/bench/pipe_probe" "$BUILD/common/kernels/kernels_avx512.o"
 probe=$("$BUILD/bench/pipe_probe" "${PROBE_ITERS:-10000000}")
 echo "$probe"
 if ! grep -q '^vfmadd231ps' <<<"$probe"; then
@@ -17,4 +17,4 @@ if ! grep -q '^vfmadd231ps' <<<"$probe"; then
 fi
 ghz=$(awk '$1 == "vfmadd231ps" {print $2}' <<<"$probe")
 echo
-/usr/bin/python3 tests/bench/kernel_mix.py "$BUILD/common/kernels_avx512.o" "$ghz"
+/usr/bin/python3 tests/bench/kernel_mix.py "$BUILD/common/kernels/kernels_avx512.o" "$ghz"

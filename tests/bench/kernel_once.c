@@ -16,8 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/log.h"
-#include "common/kernels.h"
+#include "common/base/log.h"
+#include "common/kernels/kernels.h"
 #include "tests/bench/bench_util.h"
 
 typedef struct {

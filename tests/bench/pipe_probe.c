@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/kernels.h"
-#include "common/log.h"
+#include "common/kernels/kernels.h"
+#include "common/base/log.h"
 #include "tests/bench/bench_util.h"
 
 #define Z_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi")))

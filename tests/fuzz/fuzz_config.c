@@ -5,7 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/config.h"
+#include "common/ckpt/config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     k3_config cfg;

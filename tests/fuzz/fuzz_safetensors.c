@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "common/safetensors.h"
+#include "common/ckpt/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char err[512];

@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/chat.h"
-#include "common/tokenizer.h"
+#include "common/text/chat.h"
+#include "common/text/tokenizer.h"
 
 static k3_tok *g_tok;
 static char *g_model, *g_config;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/integration/test_expert_usage.sh: the expert usage history through
-# the programs (K3_USAGE / --usage, K3_USAGE_SAVE; common/experts.h).
+# the programs (K3_USAGE / --usage, K3_USAGE_SAVE; common/experts/experts.h).
 #  - the in-process coordinator saves <model>/.k3_usage by default, and a
 #    given --usage PATH at exit;
 #  - two --local workers, each saving its own layers' rows into one shared

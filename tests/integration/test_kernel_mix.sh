@@ -9,7 +9,7 @@
 # the profile's numbers.
 set -u
 . "$(dirname "$0")/../lib.sh"
-OBJ=$BUILD/common/kernels_avx512.o
+OBJ=$BUILD/common/kernels/kernels_avx512.o
 [ -f "$OBJ" ] || { echo "not ok - $OBJ not built"; exit 1; }
 command -v objdump >/dev/null || { echo "ok - kernel_mix skipped: no objdump"; exit 0; }
 make_tmp k3mix

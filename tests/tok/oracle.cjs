@@ -16,7 +16,7 @@
 // Invalid UTF-8: tiktoken's JS API takes JS strings only (a lone surrogate
 // becomes U+FFFD on the way into WASM) and has no raw-bytes encode, so bytes
 // that are not valid UTF-8 cannot reach it. The C tokenizer's contract
-// (common/tokenizer.h) is that every such byte is a piece of its own, encoded
+// (common/text/tokenizer.h) is that every such byte is a piece of its own, encoded
 // as its single-byte token, and that the valid runs around it are split as if
 // the byte were the end/start of the text. The expectation here follows that
 // contract with tiktoken doing all the real work: each maximal valid run is

@@ -1,0 +1,28 @@
+/* common/base/pool.h: a fixed thread pool for data-parallel loops (rows of a
+ * matmul, heads of an attention layer).
+ *
+ * Owns its threads. k3_pool_run(pool, fn, ctx, n_tasks) calls fn(ctx, task)
+ * for every task in [0, n_tasks) across the pool's threads plus the calling
+ * thread and returns when all are done. Which thread runs which task is not
+ * defined, so fn must make each task's result independent of the others'
+ * timing: kernels split rows, never a single sum, and so results are the same
+ * bits whatever the thread count. A NULL pool runs the tasks serially on the
+ * caller. Only one thread may call k3_pool_run on a given pool at a time.
+ */
+#ifndef K3_POOL_H
+#define K3_POOL_H
+
+#include <stddef.h>
+
+#include "common/base/err.h"
+
+typedef struct k3_pool k3_pool;
+typedef void (*k3_pool_fn)(void *ctx, int task);
+
+/* n_threads total workers including the caller (>= 1, <= K3_MAX_THREADS). */
+k3_status k3_pool_open(k3_pool **out, int n_threads, char *err, size_t errlen);
+void k3_pool_close(k3_pool **pool);
+int k3_pool_threads(const k3_pool *pool); /* 1 for NULL */
+void k3_pool_run(k3_pool *pool, k3_pool_fn fn, void *ctx, int n_tasks);
+
+#endif

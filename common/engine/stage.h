@@ -1,0 +1,69 @@
+/* common/engine/stage.h: run a layer range [a, b) of the model on a chunk of T
+ * consecutive tokens of one session: the unit of work of a worker and of the
+ * in-process path alike (ARCHITECTURE.md "One forward step").
+ *
+ * The boundary state between stages is exactly (B, h): the AttnRes block list
+ * B [nb][T][D] (snapshots taken so far, b0 = the embedding) and the hidden h
+ * [T][D] (the running prefix p). AttnRes keeps nothing across tokens, so
+ * nothing else crosses a stage boundary. k3_stage_forward appends the
+ * snapshots its layers take to B (nb grows) and replaces h.
+ *
+ * k3_state holds one session's sequential state for the model's layer range:
+ * per KDA layer the recurrent S [heads][hd][hd] and the q/k/v conv windows,
+ * per MLA layer the latent + rope cache [max_ctx][kv_lora + qk_rope]. A
+ * session's tokens must be fed in order: pos0 must equal k3_state_pos().
+ *
+ * Chunked prefill semantics (spec 5): dense matmuls batched over T, experts
+ * deduplicated over the chunk and applied in disk-offset order, recurrences
+ * sequential per token. Results are bit-identical for every T split.
+ *
+ * Threads: one call at a time per k3_state; different states may run
+ * concurrently on the same model (each call uses the model's pool).
+ */
+#ifndef K3_STAGE_H
+#define K3_STAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/base/err.h"
+#include "common/engine/model.h"
+
+typedef struct k3_state k3_state;
+
+/* max_ctx: capacity in tokens (MLA cache rows), <= K3_MAX_CTX. */
+k3_status k3_state_open(k3_state **out, const k3_model *m, int max_ctx, char *err, size_t errlen);
+void k3_state_close(k3_state **s);
+void k3_state_reset(k3_state *s);    /* back to position 0, all zero */
+int k3_state_pos(const k3_state *s); /* tokens consumed so far */
+int k3_state_max_ctx(const k3_state *s);
+size_t k3_state_bytes(const k3_state *s);
+
+/* Per-step statistics (summed over the stage's layers). */
+typedef struct k3_step_stats {
+    double compute_ms;      /* wall time in layer math */
+    double read_ms;         /* time waiting on expert reads */
+    uint64_t bytes_read;    /* expert bytes read from disk */
+    uint64_t expert_hits;   /* expert lookups served from cache */
+    uint64_t expert_misses; /* expert lookups that read from disk */
+} k3_step_stats;
+
+/* Optional per-layer hook (K3_TRACE / --trace): called after layer i with the
+ * layer's output h [T][D]. */
+typedef void (*k3_trace_fn)(void *ctx, int layer, int pos0, int T, const float *h);
+
+/* Runs layers [a, b) on T tokens at positions [pos0, pos0 + T).
+ *   blocks: capacity [K3_MAX_RES_ENTRIES][T][D]; [*nb][T][D] valid on entry,
+ *           [*nb + k][T][D] on return (k = snapshots taken in [a, b)).
+ *   h:      [T][D] in/out.
+ * On error the state is left unusable for this session (caller resets). */
+k3_status k3_stage_forward(k3_model *m, k3_state *s, int pos0, int T, float *blocks, int *nb,
+                           float *h, k3_step_stats *stats, k3_trace_fn trace, void *trace_ctx,
+                           char *err, size_t errlen);
+
+/* Cancellation hook: when *cancel becomes non-zero, k3_stage_forward stops
+ * before its next layer and returns K3_ERR_CANCEL (the state is then
+ * unusable until k3_state_reset). NULL disables. The pointer is borrowed. */
+void k3_stage_set_cancel(k3_state *s, volatile int *cancel);
+
+#endif

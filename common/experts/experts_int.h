@@ -1,0 +1,131 @@
+/* common/experts/experts_int.h: the expert store's private state, shared by its
+ * three files and nobody else:
+ *
+ *   experts.c       tables, budget, LRU slots, batches (the window)
+ *   expert_io.c     the read path (O_DIRECT head/tail) and the loader threads
+ *   expert_usage.c  the usage history and the warm start
+ *
+ * Locking: a layer's mutex guards its slots, slot_of, clock and usage
+ * counts, and the batch items admitted on that layer. The loader queue has
+ * its own mutex; it is taken either alone or inside a layer mutex (order:
+ * layer, then queue), never the other way round. A slot buffer being read
+ * belongs to the loader that reads it (state EXP_SLOT_LOADING, pinned by the
+ * batch that queued it); nobody else touches its bytes until it is READY.
+ */
+#ifndef K3_EXPERTS_INT_H
+#define K3_EXPERTS_INT_H
+
+#include <pthread.h>
+
+#include "common/experts/experts.h"
+
+#define EXP_ALIGN 4096 /* O_DIRECT alignment of buffer, offset and length */
+
+extern const char *const k3_exp_part_name[K3_EXP_PARTS];
+
+typedef struct exp_loc {
+    int shard[K3_EXP_PARTS];    /* shard index of each part */
+    uint64_t off[K3_EXP_PARTS]; /* absolute file offset of each part */
+    uint8_t present;            /* 0: absent from the checkpoint */
+    uint8_t contiguous;         /* 1: parts back to back in slot order, one shard */
+} exp_loc;
+
+enum { EXP_SLOT_EMPTY = 0, EXP_SLOT_LOADING, EXP_SLOT_READY, EXP_SLOT_FAILED };
+
+typedef struct exp_slot {
+    int32_t expert;     /* expert held or being read, -1 = empty */
+    int state;          /* EXP_SLOT_* */
+    int pins;           /* batch items holding it */
+    uint64_t last_use;  /* layer clock at last admission (LRU) */
+    unsigned char *buf; /* owned, EXP_ALIGN-aligned, slot_bytes; allocated on first read */
+    size_t data_off;    /* the expert's first byte inside buf */
+} exp_slot;
+
+typedef struct exp_layer {
+    int loaded;           /* k3_experts_load_layer ran */
+    exp_loc *loc;         /* [n_experts] */
+    int32_t *order;       /* [n_experts] ids in disk order, missing last */
+    int32_t *rank;        /* [n_experts] position of each id in order */
+    int32_t *slot_of;     /* [n_experts] slot holding (or reading) the expert, -1 none */
+    uint64_t *usage;      /* [n_experts] times used (history included) */
+    uint64_t *usage_base; /* [n_experts] of usage, the part already in the history file
+                             (loaded or saved); a save adds usage - usage_base */
+    exp_slot *slots;      /* [n_slots] */
+    int n_slots;
+    uint64_t clock;     /* admissions so far (LRU time) */
+    int warned_scale;   /* a 0/255 scale byte was reported for this layer */
+    pthread_mutex_t mu; /* guards everything above except loc/order/rank */
+    pthread_cond_t cv;  /* broadcast on every slot state change and unpin */
+} exp_layer;
+
+/* One expert of a batch; doubles as the loader's job. */
+typedef struct exp_item {
+    int32_t id;
+    int slot;              /* -1 until admitted */
+    int miss;              /* this batch queued the read */
+    int reading;           /* queued or being read (guarded by the layer mutex) */
+    int put;               /* released by the consumer */
+    k3_status st;          /* read result (loader) */
+    char err[320];         /* read error message (loader) */
+    struct exp_item *next; /* loader queue link */
+    struct k3_expert_batch *b;
+} exp_item;
+
+struct k3_expert_batch {
+    k3_experts *s;
+    exp_layer *L;
+    int layer;
+    int n;           /* items */
+    exp_item *items; /* [n] owned */
+    int32_t *wanted; /* [n_experts] position + 1 in this batch while still to be
+                      * used, 0 = not (any more) */
+    int next_admit;  /* items [0, next_admit) admitted */
+    int next_get;    /* the consumer's position */
+    int held;        /* admitted and not put */
+    int reads_in_flight;
+    double io_t0;         /* first read start of the current busy period, ms */
+    k3_expert_stats st;   /* this batch's counters */
+    k3_expert_stats *out; /* caller's stats, may be NULL */
+    int quiet;            /* 1: not added to the store's totals (warm start reads) */
+};
+
+struct k3_experts {
+    st_index *idx; /* borrowed */
+    k3_config cfg; /* copy */
+    int layer_a, layer_b;
+    k3_expert_geom geom;
+    size_t slot_bytes; /* buffer size of one slot */
+    int direct;        /* try O_DIRECT reads */
+    int pipe;          /* K3_PIPE */
+    exp_layer *layers; /* [layer_b - layer_a] */
+    pthread_mutex_t stats_mu;
+    k3_expert_stats totals;
+    /* loader threads (expert_io.c) */
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cv;
+    exp_item *q_head, *q_tail; /* FIFO of reads, in the order queued */
+    int q_stop;
+    int q_init; /* queue mutex/cv initialised */
+    int n_loaders;
+    pthread_t loaders[K3_MAX_LOAD_THREADS];
+};
+
+/* expert_io.c */
+k3_status exp_loaders_start(k3_experts *s, int n, char *err, size_t errlen);
+void exp_loaders_stop(k3_experts *s);
+/* Queues the item's read (caller holds it->b->L->mu; the item is admitted). */
+void exp_queue_read(k3_experts *s, exp_item *it);
+/* Reads expert e of `layer` into slot (allocating its buffer). Errors name
+ * the layer, the expert, the part (six-read layout) and the shard. */
+k3_status exp_read_expert(k3_experts *s, int layer, int32_t e, const exp_loc *loc, exp_slot *slot,
+                          char *err, size_t errlen);
+/* Buffered reads only: asks the kernel to start reading expert e. */
+void exp_advise(k3_experts *s, const exp_loc *loc);
+/* The loader's completion (expert_io.c calls it, experts.c defines it):
+ * records the result under the layer mutex and wakes the consumer. */
+void exp_read_done(exp_item *it, k3_status st, double t0_ms, double t1_ms);
+
+/* experts.c */
+exp_layer *exp_layer_of(const k3_experts *s, int layer);
+
+#endif

@@ -1,0 +1,300 @@
+/* common/layers/moe.c: LatentMoE (spec 3.6, 7.8-7.9) and the dense MLP (3.7).
+ *
+ * LatentMoE over a chunk: the router, the latent down projection, the shared
+ * experts and the latent up projection are batched over the chunk. The
+ * routed experts are deduplicated: the union of the chunk's selections is
+ * one expert batch (read ahead by the store's loader threads), each expert
+ * used once and applied to every position that selected it. The batch runs
+ * the experts already cached first, then the misses, each part in disk
+ * order (k3_experts_disk_order), so the cached ones compute while the
+ * misses are read into the slots they free. Each output row is kept per
+ * (position, selection) and a position sums its experts in disk order at
+ * the end, whatever order they ran in and whatever the chunk: that is what
+ * makes chunked prefill bit-identical to token-at-a-time, and the result
+ * independent of the cache. Cost: [T][topk][latent] floats of scratch.
+ *
+ * Overlap: the batch is opened right after the router, so the first
+ * window of expert reads runs under the latent down projection and the
+ * shared experts. Nothing earlier can be read: the next MoE layer's
+ * experts depend on its router's input, which is this layer's output (and
+ * the attention after it), so a prefetch across layers would be a guess.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/layers/layers.h"
+
+/* ---- router ---- */
+
+void k3_moe_route(const float *logits, const float *bias, int E, int topk, double topp,
+                  int32_t *ids, float *weights, int *n_sel) {
+    float s[K3_MAX_TOPK];
+    float biased[K3_MAX_EXPERTS]; /* sigmoid(l) + bias, selection only */
+    uint8_t taken[K3_MAX_EXPERTS];
+    K3_ASSERT(topk >= 1 && topk <= K3_MAX_TOPK && topk <= E && E <= K3_MAX_EXPERTS);
+    for (int e = 0; e < E; e++) {
+        biased[e] = k3_sigmoid(logits[e]) + bias[e];
+        taken[e] = 0;
+    }
+    /* greedy top-k on the biased score; strict '>' while scanning upward
+     * keeps the lower index on ties (spec 3.6) */
+    for (int k = 0; k < topk; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || biased[e] > biased[best])) best = e;
+        taken[best] = 1;
+        ids[k] = best;
+        s[k] = k3_sigmoid(logits[best]);
+    }
+    int n = topk;
+    if (topp > 0.0 && topp < 1.0) {
+        /* K3_TOPP: order by raw score (stable), keep the heaviest until the
+         * renormalised cumulative weight reaches topp */
+        for (int a = 1; a < n; a++)
+            for (int b = a; b > 0 && s[b] > s[b - 1]; b--) {
+                float ts = s[b];
+                s[b] = s[b - 1];
+                s[b - 1] = ts;
+                int32_t ti = ids[b];
+                ids[b] = ids[b - 1];
+                ids[b - 1] = ti;
+            }
+        float tot = 0.0f;
+        for (int k = 0; k < n; k++) tot += s[k];
+        float cum = 0.0f;
+        int keep = n;
+        for (int k = 0; k < n; k++) {
+            cum += s[k] / (tot + 1e-20f);
+            if ((double)cum >= topp) {
+                keep = k + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    /* weights: the RAW scores renormalised over the kept experts */
+    float sum = 0.0f;
+    for (int k = 0; k < n; k++) sum += s[k];
+    sum += 1e-20f;
+    for (int k = 0; k < n; k++) weights[k] = s[k] / sum;
+    *n_sel = n;
+}
+
+/* ---- one routed expert ---- */
+
+static size_t expert_scratch_bytes(const k3_config *c, int T) {
+    size_t t = (size_t)T, I = (size_t)c->moe_inter;
+    return 2 * k3_arena_round(sizeof(float) * t * I)     /* g, u */
+           + k3_arena_round(t * I)                       /* int8 activations */
+           + k3_arena_round(sizeof(float) * t * I / 32); /* their group scales */
+}
+
+void k3_moe_expert_apply(const k3_layer_ctx *lc, const k3_expert_view *e, const float *z,
+                         const int8_t *zq, const float *zs, int n, float *y, k3_arena *ar) {
+    const k3_config *cfg = lc->cfg;
+    int I = cfg->moe_inter;
+    k3_pool *pool = lc->pool;
+    float *g = K3_ARENA_F(ar, (size_t)n * I); /* [n][moe_inter] W1 z (gate) */
+    float *u = K3_ARENA_F(ar, (size_t)n * I); /* [n][moe_inter] W3 z (up) */
+    if (lc->idot) {
+        /* gate and up share the one quantization of z */
+        k3_mxfp4_matmul_i8_mt(&e->w1, zq, zs, n, g, pool);
+        k3_mxfp4_matmul_i8_mt(&e->w3, zq, zs, n, u, pool);
+    } else {
+        k3_mxfp4_matmul_f32_mt(&e->w1, z, n, g, pool);
+        k3_mxfp4_matmul_f32_mt(&e->w3, z, n, u, pool);
+    }
+    k3_situ(g, g, u, n * I, cfg->situ_b1, cfg->situ_b2); /* a = SiTU(g, u), in g */
+    if (lc->idot) {
+        /* the down projection quantizes its own input */
+        int8_t *aq = k3_arena_alloc(ar, (size_t)n * I);
+        float *as = K3_ARENA_F(ar, (size_t)n * I / 32);
+        k3_act_quant_q8(g, n, I, aq, as);
+        k3_mxfp4_matmul_i8_mt(&e->w2, aq, as, n, y, pool);
+    } else {
+        k3_mxfp4_matmul_f32_mt(&e->w2, g, n, y, pool);
+    }
+}
+
+/* ---- LatentMoE ---- */
+
+size_t k3_moe_scratch_bytes(const k3_config *c, int T) {
+    size_t t = (size_t)T, E = (size_t)c->n_experts, K = (size_t)c->topk;
+    size_t Lt = (size_t)c->latent, S = (size_t)c->shared_inter, D = (size_t)c->hidden;
+    return k3_arena_round(sizeof(float) * t * E)                     /* router logits */
+           + k3_arena_round(sizeof(int32_t) * t * K)                 /* selected ids */
+           + k3_arena_round(sizeof(float) * t * K)                   /* their weights */
+           + k3_arena_round(sizeof(int) * t)                         /* selected count */
+           + k3_arena_round(E) + k3_arena_round(sizeof(int32_t) * E) /* union */
+           + 2 * k3_arena_round(sizeof(float) * t * Lt)              /* z, U */
+           + k3_arena_round(t * Lt) + k3_arena_round(sizeof(float) * t * Lt / 32) /* zq zs */
+           + k3_arena_round(sizeof(int) * t) + k3_arena_round(sizeof(float) * t)  /* gather */
+           + 2 * k3_arena_round(sizeof(float) * t * Lt)                           /* zg, y */
+           + k3_arena_round(t * Lt) + k3_arena_round(sizeof(float) * t * Lt / 32) /* zqg zsg */
+           + expert_scratch_bytes(c, T) +
+           2 * k3_arena_round(sizeof(int32_t) * E)      /* run order, disk ranks */
+           + k3_arena_round(sizeof(int) * t)            /* gathered selection index */
+           + k3_arena_round(sizeof(float) * t * K * Lt) /* expert outputs per selection */
+           + 2 * k3_arena_round(sizeof(float) * t * S)  /* shared g, u */
+           + k3_arena_round(sizeof(float) * t * D);     /* shared out */
+}
+
+k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, const float *x,
+                         int T, float *out, k3_arena *ar, k3_expert_stats *stats, char *err,
+                         size_t errlen) {
+    const k3_config *cfg = lc->cfg;
+    int E = cfg->n_experts, K = cfg->topk, LT = cfg->latent, D = cfg->hidden;
+    int S = cfg->shared_inter, G = LT / 32;
+    k3_pool *pool = lc->pool;
+
+    /* router: sigmoid scores, top-k on score + bias      x: [T][D] */
+    float *logits = K3_ARENA_F(ar, (size_t)T * E);                      /* [T][E] */
+    int32_t *sel = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)T * K); /* [T][topk] */
+    float *sel_w = K3_ARENA_F(ar, (size_t)T * K);                       /* [T][topk] */
+    int *n_sel = k3_arena_alloc(ar, sizeof(int) * (size_t)T);           /* [T] */
+    k3_qmat_matmul(&w->router, x, T, logits, pool);
+    uint8_t *in_union = k3_arena_alloc(ar, (size_t)E); /* [E] */
+    memset(in_union, 0, (size_t)E);
+    for (int t = 0; t < T; t++) {
+        k3_moe_route(logits + (size_t)t * E, w->bias, E, K, lc->topp, sel + (size_t)t * K,
+                     sel_w + (size_t)t * K, &n_sel[t]);
+        for (int k = 0; k < n_sel[t]; k++) in_union[sel[(size_t)t * K + k]] = 1;
+    }
+    int32_t *order = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);
+    int n_union = k3_experts_disk_order(lc->experts, layer, in_union, order);
+
+    /* Compute order: the experts already cached first, then the rest, each
+     * part in disk order. While the cached ones compute, their slots free
+     * up and the misses are read into them, instead of the first misses
+     * holding up the start. The sums are still taken in disk order (below),
+     * so the order is free to follow the cache. */
+    int32_t *run = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);  /* [n_union] */
+    int32_t *rank = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E); /* [E] disk position */
+    int n_run = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n_union; i++)
+            if (k3_experts_cached(lc->experts, layer, order[i]) == (pass == 0))
+                run[n_run++] = order[i];
+    for (int i = 0; i < n_union; i++) rank[order[i]] = i;
+
+    /* The routed experts' reads start now (the batch admits its first
+     * window and queues the misses to the loader threads), so the latent
+     * down projection and the shared experts below compute while the
+     * drive works. */
+    k3_expert_batch *batch = NULL;
+    k3_status st =
+        k3_experts_batch_open(&batch, lc->experts, layer, run, n_run, stats, err, errlen);
+    if (st != K3_OK) return st;
+
+    /* latent input z = W_down x                           [T][latent] */
+    float *z = K3_ARENA_F(ar, (size_t)T * LT);
+    k3_qmat_matmul(&w->lat_down, x, T, z, pool);
+    int8_t *zq = k3_arena_alloc(ar, (size_t)T * LT); /* [T][latent] int8 (idot) */
+    float *zs = K3_ARENA_F(ar, (size_t)T * G);       /* [T][latent/32] */
+    if (lc->idot) k3_act_quant_q8(z, T, LT, zq, zs);
+
+    /* shared experts on the same x, computed now (under the reads) and
+     * added unweighted at the very end, so the sum is the same as when
+     * they ran last (spec 3.6: out = W_up U + y_shared) */
+    float *sg = K3_ARENA_F(ar, (size_t)T * S); /* [T][shared_inter] */
+    float *su = K3_ARENA_F(ar, (size_t)T * S);
+    float *ys = K3_ARENA_F(ar, (size_t)T * D); /* [T][D] */
+    k3_qmat_matmul(&w->sh_gate, x, T, sg, pool);
+    k3_qmat_matmul(&w->sh_up, x, T, su, pool);
+    k3_situ(sg, sg, su, T * S, cfg->situ_b1, cfg->situ_b2);
+    k3_qmat_matmul(&w->sh_down, sg, T, ys, pool);
+
+    /* routed experts in run order, each over the rows that chose it:
+     * expert i computes while the loader threads read i+1.. (K3_PIPE);
+     * each output row is kept per (position, selection) */
+    float *U = K3_ARENA_F(ar, (size_t)T * LT); /* [T][latent] weighted sum */
+    memset(U, 0, sizeof(float) * (size_t)T * LT);
+    int *rows = k3_arena_alloc(ar, sizeof(int) * (size_t)T);
+    int *rsel = k3_arena_alloc(ar, sizeof(int) * (size_t)T); /* selection index k of each row */
+    float *rw = K3_ARENA_F(ar, (size_t)T);
+    float *zg = K3_ARENA_F(ar, (size_t)T * LT); /* gathered z rows */
+    int8_t *zqg = k3_arena_alloc(ar, (size_t)T * LT);
+    float *zsg = K3_ARENA_F(ar, (size_t)T * G);
+    float *y = K3_ARENA_F(ar, (size_t)T * LT);        /* [n][latent] expert outputs */
+    float *ysel = K3_ARENA_F(ar, (size_t)T * K * LT); /* [T][topk][latent] */
+    for (int i = 0; i < n_run; i++) {
+        int32_t e = run[i];
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < n_sel[t]; k++)
+                if (sel[(size_t)t * K + k] == e) {
+                    rows[n] = t;
+                    rsel[n] = k;
+                    rw[n] = sel_w[(size_t)t * K + k];
+                    n++;
+                }
+        for (int r = 0; r < n; r++) {
+            size_t src = (size_t)rows[r];
+            if (lc->idot) {
+                memcpy(zqg + (size_t)r * LT, zq + src * LT, (size_t)LT);
+                memcpy(zsg + (size_t)r * G, zs + src * G, sizeof(float) * (size_t)G);
+            } else {
+                memcpy(zg + (size_t)r * LT, z + src * LT, sizeof(float) * (size_t)LT);
+            }
+        }
+        k3_expert_view view;
+        st = k3_experts_batch_get(batch, i, &view, err, errlen);
+        if (st != K3_OK) break;
+        size_t mark = ar->used;
+        k3_moe_expert_apply(lc, &view, zg, zqg, zsg, n, y, ar);
+        ar->used = mark;
+        k3_experts_batch_put(batch, i);
+        for (int r = 0; r < n; r++)
+            memcpy(ysel + ((size_t)rows[r] * K + (size_t)rsel[r]) * LT, y + (size_t)r * LT,
+                   sizeof(float) * (size_t)LT);
+    }
+    k3_experts_batch_close(&batch);
+    if (st != K3_OK) return st;
+
+    /* U[t] += w_e y_e over t's experts in disk order, whatever order they
+     * ran in: the same sums as a walk of the union in disk order, so the
+     * bits depend neither on the cache nor on the chunk */
+    for (int t = 0; t < T; t++) {
+        int ks[K3_MAX_TOPK];
+        int m = n_sel[t];
+        for (int k = 0; k < m; k++) { /* insertion sort by disk rank (m <= topk) */
+            int j = k;
+            while (j > 0 && rank[sel[(size_t)t * K + ks[j - 1]]] > rank[sel[(size_t)t * K + k]]) {
+                ks[j] = ks[j - 1];
+                j--;
+            }
+            ks[j] = k;
+        }
+        float *u = U + (size_t)t * LT;
+        for (int q = 0; q < m; q++) {
+            const float *yr = ysel + ((size_t)t * K + (size_t)ks[q]) * LT;
+            const float we = sel_w[(size_t)t * K + ks[q]];
+            for (int j = 0; j < LT; j++) u[j] = u[j] + we * yr[j];
+        }
+    }
+
+    /* RMSNorm of the aggregate, then back to D: out = W_up U, + y_shared */
+    for (int t = 0; t < T; t++)
+        k3_rmsnorm(U + (size_t)t * LT, U + (size_t)t * LT, w->lat_norm, LT, cfg->eps);
+    k3_qmat_matmul(&w->lat_up, U, T, out, pool);
+    for (size_t i = 0; i < (size_t)T * D; i++) out[i] = out[i] + ys[i];
+    return K3_OK;
+}
+
+/* ---- dense MLP (layers < first_k_dense_replace) ---- */
+
+size_t k3_dense_scratch_bytes(const k3_config *c, int T) {
+    return 2 * k3_arena_round(sizeof(float) * (size_t)T * (size_t)c->dense_inter);
+}
+
+void k3_dense_forward(const k3_layer_ctx *lc, const k3_dense_w *w, const float *x, int T,
+                      float *out, k3_arena *ar) {
+    int I = lc->cfg->dense_inter;
+    float *g = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_gate x */
+    float *u = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_up x */
+    k3_qmat_matmul(&w->gate, x, T, g, lc->pool);
+    k3_qmat_matmul(&w->up, x, T, u, lc->pool);
+    k3_situ(g, g, u, T * I, lc->cfg->situ_b1, lc->cfg->situ_b2);
+    k3_qmat_matmul(&w->down, g, T, out, lc->pool); /* out: [T][D] */
+}

@@ -1,0 +1,50 @@
+/* coordinator/sampler.h: picks the next token from a logit row (spec 3.9).
+ *
+ * Owns: the sampling rule (greedy with ties to the lowest index; otherwise
+ * softmax at temperature T restricted to the top-p nucleus), its own seeded
+ * PRNG (xoshiro256** seeded through splitmix64, so a run is reproducible per
+ * seed on every platform and libc), and scratch [vocab] for the nucleus.
+ * Borrows: the logits passed to each call.
+ * Threads: one sampler per session; a sampler is not shared between threads.
+ *
+ * temp = 0 is greedy and draws no random numbers. Logits must be finite: the
+ * generation loop checks that before calling (a NaN here is reported as an
+ * error, never silently sampled).
+ */
+#ifndef K3_SAMPLER_H
+#define K3_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/base/err.h"
+
+typedef struct k3_sampler_opts {
+    double temp;   /* >= 0, finite; 0 = greedy */
+    double top_p;  /* (0, 1]; 1 = the whole distribution */
+    uint64_t seed; /* PRNG seed; same seed + same logits = same ids */
+} k3_sampler_opts;
+
+typedef struct k3_sampler k3_sampler;
+
+/* Validates opts (temp >= 0 and finite, top_p in (0, 1], vocab in
+ * 1..K3_MAX_VOCAB) and allocates scratch for vocab entries. */
+k3_status k3_sampler_open(k3_sampler **out, const k3_sampler_opts *opts, int vocab, char *err,
+                          size_t errlen);
+void k3_sampler_close(k3_sampler **s);
+
+/* Samples one id from logits [vocab]. Fails (K3_ERR_ARG) on a non-finite logit. */
+k3_status k3_sampler_sample(k3_sampler *s, const float *logits, int32_t *id, char *err,
+                            size_t errlen);
+
+/* Index of the largest value; ties go to the lowest index. n >= 1. */
+int k3_sampler_argmax(const float *logits, int n);
+
+/* Validation alone, for option checking before a model is loaded. */
+k3_status k3_sampler_check_opts(const k3_sampler_opts *opts, char *err, size_t errlen);
+
+/* The PRNG, exposed for tests: next 64 random bits / a double in [0, 1). */
+uint64_t k3_sampler_next_u64(k3_sampler *s);
+double k3_sampler_next_unit(k3_sampler *s);
+
+#endif
