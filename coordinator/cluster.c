@@ -17,7 +17,7 @@
  * (blocks, h) buffer; the caller's [nb][T][D] layout is gathered at the start
  * and scattered back at the end.
  *
- * Liveness (RELIABILITY.md 1, 8 T1-T3): ZMTP heartbeats (IVL = HB, TIMEOUT =
+ * Liveness (docs/TESTING.md 6.1, T1-T3): ZMTP heartbeats (IVL = HB, TIMEOUT =
  * TTL = 3 HB) make libzmq drop a dead or frozen peer, which the socket
  * monitor reports as DISCONNECTED; a worker that stays connected but sends
  * nothing (no reply, no HEARTBEAT) for step_timeout_ms is declared stalled.
@@ -999,7 +999,7 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
     k3_cluster *c = k3_xcalloc(1, sizeof *c);
     c->o = *o;
     /* TTL: a lost link is seen within TTL, so a step that meets a missing
-     * worker fails within 2 x TTL of the loss (RELIABILITY.md T1) */
+     * worker fails within 2 x TTL of the loss (docs/TESTING.md T1) */
     if (c->o.request_wait_ms < 0) c->o.request_wait_ms = K3_LINK_LIVENESS * o->hb_ms;
     c->cfg = *cfg;
     c->D = cfg->hidden;

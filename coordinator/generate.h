@@ -95,7 +95,7 @@ int k3_session_max_ctx(const k3_session *s);
 /* Bytes held for the session in this process: trunk state + chunk buffers. */
 size_t k3_session_state_bytes(const k3_session *s);
 /* 0 when the stack is truncated (K3_LAYERS < num_hidden_layers): then no
- * head runs and feeding yields no logits (trace only), spec 8 item 5. */
+ * head runs and feeding yields no logits (trace only), docs/MODEL.md 8.5. */
 int k3_session_has_head(const k3_session *s);
 
 /* Brings the session to exactly ids[0, n): when ids extends the committed

@@ -73,7 +73,7 @@ typedef struct coord_opts {
  * (the rows shared with k3-worker, common/engine/engine_opts.h), then the cluster.
  * Variables keep the seed engine's names (K3_BITS, K3_CHUNK, COLI_TEMP, ...)
  * so existing scripts keep working; flags beat variables, variables beat
- * the defaults, and the defaults are spec 4.2 / interfaces 6.2's. */
+ * the defaults, and the defaults are docs/MODEL.md 4.2 / docs/INTERFACES.md 3's. */
 #define O(f) offsetof(coord_opts, f)
 static const k3_opt coord_table[] = {
     K3_ENGINE_OPT_MODEL(coord_opts, eng),
@@ -570,7 +570,7 @@ int main(int argc, char **argv) {
 
     /* ---- session ----
      * Context: K3_MAXT when given, else exactly prompt + ngen (the CLI's
-     * rule, interfaces 6.1); checked here so the message names the option
+     * rule, docs/INTERFACES.md 3); checked here so the message names the option
      * before any state is allocated. */
     long long want_ctx = o.max_ctx > 0 ? o.max_ctx : (long long)n_prompt + o.ngen;
     if (want_ctx > K3_MAX_CTX) {

@@ -1,4 +1,4 @@
-/* coordinator/sampler.h: picks the next token from a logit row (spec 3.9).
+/* coordinator/sampler.h: picks the next token from a logit row (docs/MODEL.md 3.9).
  *
  * Owns: the sampling rule (greedy with ties to the lowest index; otherwise
  * softmax at temperature T restricted to the top-p nucleus), its own seeded

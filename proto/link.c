@@ -26,7 +26,7 @@
 
 /* Hidden by the stable zmq.h of libzmq 4.3.4 (draft section), but its
  * setsockopt handler is compiled in: without it a CURVE server with no ZAP
- * answer accepts every client (RELIABILITY.md 3, measured). */
+ * answer accepts every client (docs/TESTING.md 6.3, measured). */
 #ifndef ZMQ_ZAP_ENFORCE_DOMAIN
 #define ZMQ_ZAP_ENFORCE_DOMAIN 93
 #endif

@@ -1,5 +1,5 @@
 /* proto/link.h: the transport under the protocol, shared by k3-coordinator
- * and k3-worker (docs/PROTOCOL.md 1 and 9; RELIABILITY.md sections 2 and 3).
+ * and k3-worker (docs/PROTOCOL.md 1 and 9; docs/TESTING.md 6.2 and 6.3).
  *
  * Owns: the socket options every cluster socket gets (linger, heartbeats,
  * handshake and reconnect intervals, frame size limit), endpoint
@@ -12,7 +12,7 @@
  * Threads: every function is reentrant; a k3_zap runs its own thread and is
  * opened/closed by one thread. Secret key bytes are never logged.
  *
- * Fail-closed CURVE (RELIABILITY.md 3): libzmq 4.3.4 accepts any client key
+ * Fail-closed CURVE (docs/TESTING.md 6.3): libzmq 4.3.4 accepts any client key
  * on a CURVE server when no ZAP handler answers, unless ZAP_DOMAIN is set
  * AND option 93 (ZMQ_ZAP_ENFORCE_DOMAIN, a draft constant hidden by the
  * stable header) is 1. k3_link_curve_server sets both; k3_zap_open must run
@@ -33,7 +33,7 @@
 /* Build identity sent in HELLO / HELLO_OK (logged, never compared). */
 #define K3_LINK_BUILD "k3shard proto 1.1"
 
-/* Default heartbeat interval (HB). TTL = 3 x HB (RELIABILITY.md 8). */
+/* Default heartbeat interval (HB). TTL = 3 x HB (docs/TESTING.md 6.1). */
 #define K3_LINK_HB_MS_DEFAULT 1000
 #define K3_LINK_LIVENESS      3
 

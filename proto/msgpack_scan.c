@@ -1,5 +1,5 @@
 /* proto/msgpack_scan.c: the non-allocating pre-scan of msgpack bytes that
- * runs before msgpack_unpack_next (docs/PROTOCOL.md 3, RELIABILITY.md 4).
+ * runs before msgpack_unpack_next (docs/PROTOCOL.md 3, docs/TESTING.md 6.4).
  *
  * Why: msgpack-c reserves count x 24 bytes (48 per map pair) from its zone as
  * soon as it reads an array or map header, before the elements exist; on

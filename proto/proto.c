@@ -820,7 +820,7 @@ static k3_status decode_map(const msgpack_object *root, proto_msg *out, char *er
     return proto_validate(out, err, errlen);
 }
 
-/* The msgpack-c traps (RELIABILITY.md 4) and how each is closed here:
+/* The msgpack-c traps (docs/TESTING.md 6.4) and how each is closed here:
  * truncated input returns CONTINUE, trailing bytes return SUCCESS with
  * off < len, and huge array/map headers reserve memory before the elements
  * exist. The pre-scan rejects all three before msgpack_unpack_next runs;

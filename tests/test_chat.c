@@ -1,6 +1,6 @@
 /* tests/test_chat.c: XTML rendering and the output filter (common/text/chat.h).
  *
- * Golden renderings are written by hand from interfaces.md 2.1-2.4, twice
+ * Golden renderings are written by hand from docs/INTERFACES.md 2.1-2.4, twice
  * per case: the text form (markers as their content) and the list of pieces
  * (each marker, each text piece encoded on its own) from which the expected
  * ids are built with the tokenizer's untrusted encode. The renderer must give
@@ -36,7 +36,7 @@ static int32_t M_OPEN, M_CLOSE, M_SEP, M_EOM, M_BOS;
     "\x01"                                                                                         \
     "bos"
 #define END_PIECES NULL
-/* interfaces.md 2.1: <|open|> "message" " role" "=\"" ROLE "\"" <|sep|> */
+/* docs/INTERFACES.md 2.1: <|open|> "message" " role" "=\"" ROLE "\"" <|sep|> */
 #define MSG(role)      O, "message", " role", "=\"", role, "\"", S
 #define END_MSG        C, "message", S, E
 #define OPEN_TAG(tag)  O, tag, S
@@ -146,7 +146,7 @@ static void test_single_turn(void) {
 }
 
 static void test_multi_turn(void) {
-    /* interfaces.md 2.5: the assistant turn has an empty think block in
+    /* docs/INTERFACES.md 2.5: the assistant turn has an empty think block in
      * thinking mode */
     k3_chat_msg m[] = {{.role = "system", .content = "Be precise."},
                        {.role = "user", .content = "你好\nKimi"},

@@ -1,5 +1,5 @@
 /* tests/test_config.c: config.json parsing, limits and schedules
- * (../shared/spec/model.md 1.1-1.2). Configs are generated from a table of
+ * (docs/MODEL.md 1.1-1.2). Configs are generated from a table of
  * the real K3 values, with one key overridden or removed per case. */
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@ typedef struct kv {
     const char *val;
 } kv;
 
-/* Real K3 values (spec 1.1). kda_layers is generated. */
+/* Real K3 values (docs/MODEL.md 1.1). kda_layers is generated. */
 static const kv k_model[] = {
     {"hidden_size", "7168"},
     {"num_hidden_layers", "93"},

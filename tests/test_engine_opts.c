@@ -79,7 +79,7 @@ int main(void) {
     k3_status st;
     clear_env();
 
-    /* defaults: the spec's, in the embedded struct, neighbours intact */
+    /* defaults: docs/INTERFACES.md 3's, in the embedded struct, neighbours intact */
     st = parse(&o, err, NULL);
     CHECK(st == K3_OK && o.before == 7 && o.after == 9 && o.eng.bits == 4 && o.eng.mla_bits == 8 &&
               o.eng.head_bits == 8 && o.eng.idot == 1 && !o.eng.exact && o.eng.threads == 0 &&

@@ -10,7 +10,7 @@
  *   kv_lora 512, rope 64, D 7168, 3072-wide SiTU) and odd sizes, with
  *   special values in the elementwise inputs (NaN: both NaN);
  * - the scalar backend against float64 references (rows_comb in every load
- *   format, RMSNorm spec 3.1, AttnRes spec 3.3);
+ *   format, RMSNorm docs/MODEL.md 3.1, AttnRes 3.3);
  * - whole layers at K3 head shapes (2 heads): k3_kda_forward and
  *   k3_mla_forward (kv_b f32, int8, int4) give the same bits at every ISA
  *   level, for chunk 1 vs the whole chunk, and for 1 vs 3 threads.
@@ -162,7 +162,7 @@ static void test_kda_sweeps(const k3_ops_tab *V) {
     }
 }
 
-/* the 4-tap conv: the scalar backend against the spec's loop (shift, then
+/* the 4-tap conv: the scalar backend against docs/MODEL.md 3.4's loop (shift, then
  * the dot in tap order), and every level against the scalar, over 3 tokens
  * so the windows carry over */
 static void test_conv4(void) {
@@ -177,7 +177,7 @@ static void test_conv4(void) {
             float *u = fvec((size_t)d, 2), *ur = fdup(u, (size_t)d);
             float *uv[2] = {fdup(u, (size_t)d), fdup(u, (size_t)d)};
             k3_ops_scalar.conv4(u, w0, taps, d);
-            for (int c = 0; c < d; c++) { /* spec 3.4, written out */
+            for (int c = 0; c < d; c++) { /* docs/MODEL.md 3.4, written out */
                 float *w = wr + (size_t)c * 4;
                 memmove(w, w + 1, 3 * sizeof(float));
                 w[3] = ur[c];
@@ -230,7 +230,7 @@ static void test_rows_comb(void) {
         float *coef = fvec(ld * 9, 1);
         float *ref = calloc(9 * ((size_t)cols + 3), sizeof(float));
         float *got = calloc(9 * ((size_t)cols + 3), sizeof(float));
-        /* scalar vs float64 (the spec's acc += coef * scale * value) */
+        /* scalar vs float64 (docs/MODEL.md 3.5: acc += coef * scale * value) */
         k3_ops_scalar.rows_comb(&m, row0, nrows, coef, ld, 9, ref, (size_t)cols);
         double num = 0, den = 0;
         for (int t = 0; t < 9; t++)

@@ -1,6 +1,6 @@
 /* tests/test_proto.c: the wire protocol (proto/, docs/PROTOCOL.md).
  *
- * Covers RELIABILITY.md 8 rows P1-P7 at the codec and socket level: round
+ * Covers docs/TESTING.md rows P1-P7 at the codec and socket level: round
  * trips of every type, every strict prefix and trailing bytes rejected, each
  * field with each wrong type / sign / width, missing, duplicate and unknown
  * keys, versions, unknown types, allocation bombs (RSS growth measured, one

@@ -1,5 +1,5 @@
 /* tests/test_safetensors.c: the shard reader against
- * ../shared/design/RELIABILITY.md section 8 table S (S1-S9): synthetic shard
+ * docs/TESTING.md section 4, table S (S1-S9): synthetic shard
  * files in a mkdtemp directory, one CHECK per bad case asserting the status
  * and a distinctive piece of the message.
  *

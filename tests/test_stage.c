@@ -12,7 +12,7 @@
  *     the context, cancellation. The broken checkpoints are copies of tiny
  *     with one shard rewritten (tests/st_edit.h);
  *   - a worker range opens and runs with every foreign shard poisoned;
- *   - repacked containers (U8 + .qs, spec 2.3) give the bits of load-time
+ *   - repacked containers (U8 + .qs, docs/MODEL.md 2.3) give the bits of load-time
  *     quantization; explicit K3_BITS=4 downcasts an int8 container;
  *   - F16 / F32 / single-file / unprefixed / root-config layouts give the
  *     same bits; two sessions on one model from two threads too.
@@ -874,7 +874,7 @@ static void test_shard_isolation(const char *tiny) {
     ste_rm_dir(dir);
 }
 
-/* ---- repacked container (spec 2.3) ---- */
+/* ---- repacked container (docs/MODEL.md 2.3) ---- */
 
 /* Bits of a matrix in the repack classes, 0 for tensors passed through. */
 static int repack_bits(const char *name, const k3_config *c, int bits) {
@@ -1023,7 +1023,7 @@ static void test_container(const char *tiny) {
     ste_rm_dir(dir);
 }
 
-/* ---- checkpoint layouts (spec 2.1, issue 3): the generator stores the
+/* ---- checkpoint layouts (docs/MODEL.md 2.1, issue 3): the generator stores the
  * same values in every variant, so every variant gives the same bits ---- */
 
 static void test_layouts(const char *tiny) {

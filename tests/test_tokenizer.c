@@ -358,7 +358,7 @@ static int naive_rank(const vocab *v, const uint8_t *p, size_t n) {
     return -1;
 }
 
-/* tiktoken's _byte_pair_merge, quadratic, written from the spec 1.4. */
+/* tiktoken's _byte_pair_merge, quadratic, written from docs/INTERFACES.md 1.4. */
 static void naive_bpe(const vocab *v, const uint8_t *p, size_t n, k3_tok_ids *out) {
     int whole = naive_rank(v, p, n);
     if (whole >= 0) {

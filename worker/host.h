@@ -7,7 +7,7 @@
  * Threads: call from main() before the worker's threads start, so that the
  * compute pool inherits the CPU binding and allocates on the bound node.
  *
- * Failure policy (RELIABILITY.md B7): pinning errors are returned to main(),
+ * Failure policy (docs/TESTING.md B7): pinning errors are returned to main(),
  * which warns and continues unpinned; results do not depend on pinning.
  */
 #ifndef K3_WORKER_HOST_H

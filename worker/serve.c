@@ -367,7 +367,7 @@ static k3_status ensure_buffers(wk *w, int T, char *err, size_t errlen) {
     return K3_OK;
 }
 
-/* The fault hook of RELIABILITY.md T3: a compute thread stuck for good while
+/* The fault hook of docs/TESTING.md T3: a compute thread stuck for good while
  * the process and its ZMQ I/O thread live on. Ends only with SIGTERM. */
 static void wk_fault_stall(wk *w) {
     K3_WARN("%s: fault hook: stalling the compute loop (FORWARD #%llu)", w->o->name,

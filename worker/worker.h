@@ -14,7 +14,7 @@
  * model's pool threads help). Between layers the compute loop sends
  * HEARTBEAT and reads the socket, so CANCEL, HELLO and SHUTDOWN act on a
  * running step and a stuck compute thread shows up as silence
- * (RELIABILITY.md 1: ZMTP heartbeats alone do not see it).
+ * (docs/TESTING.md 6.1: ZMTP heartbeats alone do not see it).
  */
 #ifndef K3_WORKER_H
 #define K3_WORKER_H

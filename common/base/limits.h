@@ -3,29 +3,29 @@
  * it has the value it has. Code compares against these BEFORE allocating and
  * names the limit in its error message.
  *
- * Model limits follow ../shared/spec/model.md section 1.1 (the engine's
+ * Model limits follow docs/MODEL.md section 1.1 (the engine's
  * sanity limits); the others are sized for the real K3 with headroom.
  */
 #ifndef K3_LIMITS_H
 #define K3_LIMITS_H
 
-/* ---- model configuration (spec 1.1 sanity limits) ---- */
-#define K3_MAX_HIDDEN       65536     /* spec: hidden <= 65536 */
-#define K3_MAX_LAYERS       128       /* spec: n_layers <= 128 (K3 has 93) */
-#define K3_MAX_EXPERTS      4096      /* spec: n_experts <= 4096 (K3 has 896) */
-#define K3_MAX_TOPK         64        /* spec: 1 <= topk <= 64 (K3 uses 16) */
-#define K3_MAX_VOCAB        (1 << 22) /* spec: vocab <= 2^22 (K3 has 163840) */
-#define K3_MAX_CONV_K       8         /* spec: conv_k <= 8 (K3 uses 4) */
-#define K3_MAX_KDA_HD       512       /* spec: kda head dim <= 512 (stack buffers) */
+/* ---- model configuration (docs/MODEL.md 1.1 limits) ---- */
+#define K3_MAX_HIDDEN       65536     /* hidden <= 65536 */
+#define K3_MAX_LAYERS       128       /* n_layers <= 128 (K3 has 93) */
+#define K3_MAX_EXPERTS      4096      /* n_experts <= 4096 (K3 has 896) */
+#define K3_MAX_TOPK         64        /* 1 <= topk <= 64 (K3 uses 16) */
+#define K3_MAX_VOCAB        (1 << 22) /* vocab <= 2^22 (K3 has 163840) */
+#define K3_MAX_CONV_K       8         /* conv_k <= 8 (K3 uses 4) */
+#define K3_MAX_KDA_HD       512       /* kda head dim <= 512 (stack buffers) */
 #define K3_MAX_HEAD_DIM     512  /* MLA qk_nope/qk_rope/v_head (K3: 128/64/128), stack buffers */
-#define K3_MAX_KV_LORA      4096 /* spec: kv_lora <= 4096 (stack buffers) */
-#define K3_MAX_RES_ENTRIES  16   /* spec: ceil(n_layers/res_bs)+1 <= 16 */
+#define K3_MAX_KV_LORA      4096 /* kv_lora <= 4096 (stack buffers) */
+#define K3_MAX_RES_ENTRIES  16   /* ceil(n_layers/res_bs)+1 <= 16 */
 #define K3_MAX_HEADS        1024 /* 8x K3's 96: any sane MHA/KDA width */
 #define K3_MAX_INTER        (1 << 20)   /* dense/moe intermediate (K3: 33792) */
-#define K3_MAX_EOS          8           /* spec: eos list has at most 8 ids */
-#define K3_MAX_CONFIG_BYTES (64u << 20) /* spec 6.3: config.json <= 64 MiB */
+#define K3_MAX_EOS          8           /* eos list has at most 8 ids */
+#define K3_MAX_CONFIG_BYTES (64u << 20) /* docs/MODEL.md 1.1: config.json <= 64 MiB */
 
-/* ---- safetensors (../shared/design/RELIABILITY.md section 5) ---- */
+/* ---- safetensors (docs/TESTING.md 6.5) ---- */
 #define K3_ST_MAX_HEADER   100000000ull /* upstream MAX_HEADER_SIZE */
 #define K3_ST_MAX_RANK     8            /* h3.c's cap; K3 tensors are rank <= 3 */
 #define K3_ST_MAX_TENSORS  1000000      /* K3 has ~82k experts x 6 + dense */
@@ -35,12 +35,12 @@
 #define K3_MAX_INDEX_BYTES (256u << 20) /* index.json; K3's is ~50 MB */
 
 /* ---- runtime ---- */
-#define K3_MAX_CHUNK        512       /* spec 5: K3_CHUNK clamped to 1..512 */
+#define K3_MAX_CHUNK        512       /* docs/MODEL.md 5.2: K3_CHUNK 1..512 */
 #define K3_MAX_CTX          (1 << 20) /* tokens per session: 1M (MLA cache 55 KB/token) */
 #define K3_MAX_THREADS      256       /* per process */
 #define K3_MAX_SESSIONS     4096      /* per worker state table */
 #define K3_MAX_NGEN         (1 << 20) /* tokens to generate per request */
-#define K3_MAX_LOAD_THREADS 16        /* spec 5: K3_LOAD_THREADS 1..16 */
+#define K3_MAX_LOAD_THREADS 16        /* docs/MODEL.md 5.4: K3_LOAD_THREADS 1..16 */
 
 /* ---- tokenizer ---- */
 #define K3_TOK_MAX_FILE        (64u << 20)  /* tiktoken.model for K3 is ~2.5 MB */
@@ -48,13 +48,13 @@
 #define K3_TOK_ADDED           256          /* K3: 256 control tokens above ranks */
 #define K3_TOK_MAX_INPUT       (256u << 20) /* bytes of text per encode call */
 
-/* ---- chat (interfaces.md 2.3) ---- */
+/* ---- chat (docs/INTERFACES.md 2.3) ---- */
 #define K3_CHAT_MAX_NAME      256  /* tool / argument names: the reference's 400 above 256 */
 #define K3_CHAT_MAX_CALLS     64   /* tool calls per assistant message (reference) */
 #define K3_CHAT_MAX_ARGS      64   /* arguments per tool call (reference) */
 #define K3_CHAT_MAX_TAG_BYTES 2048 /* a generated tag: 256-byte name, escaped x6, + attrs */
 
-/* ---- wire protocol (../shared/design/RELIABILITY.md section 4) ---- */
+/* ---- wire protocol (docs/PROTOCOL.md 3, docs/TESTING.md 6.4) ---- */
 #define K3_PROTO_MAX_ENVELOPE 65536 /* envelope frame bytes */
 #define K3_PROTO_MAX_DEPTH    8     /* msgpack nesting, well under 32 */
 #define K3_PROTO_MAX_OBJECTS  4096  /* msgpack objects per envelope */

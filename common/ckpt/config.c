@@ -1,4 +1,4 @@
-/* common/ckpt/config.c: config.json -> k3_config (../shared/spec/model.md 1.1-1.2).
+/* common/ckpt/config.c: config.json -> k3_config (docs/MODEL.md 1.1-1.2).
  *
  * The text is parsed with jansson (duplicate keys rejected), every key the
  * engine reads is fetched from "text_config" when that object exists (else
@@ -182,7 +182,7 @@ static k3_status parse_kda_layers(const cfg_ctx *c, json_t *lin, k3_config *cfg)
     return K3_OK;
 }
 
-/* Spec 1.2: dense below first_k_dense_replace, boundary when i % res_bs ==
+/* docs/MODEL.md 1.2: dense below first_k_dense_replace, boundary when i % res_bs ==
  * 0. Computed over the full stack so truncation never changes them. */
 static void derive_schedules(k3_config *cfg) {
     memset(cfg->is_moe, 0, sizeof cfg->is_moe);
@@ -247,7 +247,7 @@ static k3_status get_int_table(const cfg_ctx *c, json_t *obj, const char *prefix
     return K3_OK;
 }
 
-/* Cross-key rules of spec 1.1 that one key's range cannot express. */
+/* Cross-key rules of docs/MODEL.md 1.1 that one key's range cannot express. */
 static k3_status check_relations(const cfg_ctx *c, const k3_config *cfg) {
     if (cfg->topk > cfg->n_experts)
         return k3_errf(K3_ERR_LIMIT, c->err, c->errlen,

@@ -1,4 +1,4 @@
-/* common/ckpt/config.h: the model configuration (../shared/spec/model.md 1.1-1.2).
+/* common/ckpt/config.h: the model configuration (docs/MODEL.md 1.1-1.2).
  *
  * Owns: parsing config.json (keys under "text_config" when that object
  * exists, else at the root; bos/eos at the root first, then text_config),

@@ -4,15 +4,15 @@
  * Layout of this file:
  *   1. dtypes and BF16/F16 conversion
  *   2. a string -> int hash table (tensor names, shard names)
- *   3. the header parser: RELIABILITY.md 5.1-5.7 in that order, on a buffer
+ *   3. the header parser: docs/TESTING.md 6.5 checks 1-7 in that order, on a buffer
  *      that already holds exactly N header bytes
  *   4. shard I/O: pread loops, fault hook, lazy open
  *   5. directory listing, index.json, lookups, the public API
  *
- * What it does not do: 5.8 (alignment) needs nothing here because every
+ * What it does not do: check 8 (alignment) needs nothing here because every
  * read copies into a caller buffer (no mmap, no pointer casts into file
- * data); 5.9 (shapes against the config) belongs to the loaders that know
- * the expected shapes; 5.12 (NaN scan) belongs to the loaders too.
+ * data); check 9 (shapes against the config) belongs to the loaders that know
+ * the expected shapes; check 12 (NaN scan) belongs to the loaders too.
  */
 #include "common/ckpt/safetensors.h"
 

@@ -14,7 +14,7 @@
  * layers never opens another shard (the vision shards and the embedding shard
  * included). Without an index.json every shard is parsed on the first lookup.
  *
- * Validation (../shared/design/RELIABILITY.md section 5, S1-S7): header
+ * Validation (docs/TESTING.md 6.5, tests S1-S7): header
  * length against K3_ST_MAX_HEADER and the file size before allocating, JSON
  * object with string->string __metadata__, no trailing junk, no duplicate
  * names, dtype whitelist, rank <= K3_ST_MAX_RANK, checked shape arithmetic,
@@ -110,14 +110,14 @@ uint64_t st_shard_size(const st_index *idx, int shard);    /* at open (listing b
 int st_shard_is_open(const st_index *idx, int shard);
 int st_shard_fd(const st_index *idx, int shard, int direct); /* -1 if not open */
 
-/* Re-fstat an open shard (RELIABILITY.md 5.11): K3_ERR_IO naming the file
+/* Re-fstat an open shard (docs/TESTING.md 6.5 check 11): K3_ERR_IO naming the file
  * when its size or mtime differs from what was recorded at open (truncated
  * or replaced since), K3_ERR_STATE when it is not open. Cheap enough to run
  * before each streaming pass. */
 k3_status st_shard_check(const st_index *idx, int shard, char *err, size_t errlen);
 
 /* The "language_model." prefix used by this checkpoint ("" or the prefix),
- * probed on model.layers.0.input_layernorm.weight (spec 2.1). */
+ * probed on model.layers.0.input_layernorm.weight (docs/MODEL.md 2.1). */
 const char *st_prefix(st_index *idx);
 
 /* Iteration over every parsed tensor (after st_open_all). */

@@ -59,9 +59,9 @@ typedef struct k3_engine_opts {
      .metavar = "DIR",                                                                             \
      .help = "checkpoint directory (config.json, index, shards, tokenizer)"}
 
-/* Every other engine row, in --help order. The variables are the spec's
- * (interfaces 6.2: K3_BITS, K3_IDOT, K3_TOPP, ...) plus K3_EXACT; the
- * defaults are the spec's and k3_model_opts_default's. */
+/* Every other engine row, in --help order. The variables are the original
+ * engine's (docs/INTERFACES.md 3: K3_BITS, K3_IDOT, K3_TOPP, ...) plus K3_EXACT;
+ * the defaults are docs/MODEL.md's and k3_model_opts_default's. */
 #define K3_ENGINE_OPT_ROWS(T, m)                                                                   \
     {.name = "exact",                                                                              \
      .flag = "--exact",                                                                            \

@@ -1,7 +1,7 @@
 /* common/engine/model.h: the weights of Kimi K3 held by one process.
  *
  * Owns: the dense weights of a layer range [layer_a, layer_b) (quantized at
- * load per spec 4.2, or taken prepared from a repacked container) and, when
+ * load per docs/MODEL.md 4.2, or taken prepared from a repacked container) and, when
  * asked (want_global), the coordinator's global tensors: the embedding (rows
  * read on demand, never resident), final norm, output AttnRes weight and
  * lm_head. The routed experts are not loaded here: each MoE layer has an
@@ -40,7 +40,7 @@ typedef struct k3_model_opts {
     int bits_explicit;      /* K3_BITS given explicitly (int8 container downcast) */
     int idot;               /* K3_IDOT: 1 = int8-activation expert kernels */
     int dense_idot;         /* K3_DENSE_IDOT: 1 = int8-activation kernels for the int8 /
-                               int4 dense matrices too (not spec 4.2's float activations) */
+                               int4 dense matrices too (not MODEL.md 4.2's float activations) */
     int threads;            /* compute threads (pool size), >= 1 */
     double expert_gb;       /* K3_EXPERT_GB routed-expert cache budget */
     int direct;             /* K3_DIRECT: O_DIRECT expert reads */
@@ -55,9 +55,9 @@ typedef struct k3_model_opts {
     int verbose;            /* per-layer load progress on stderr */
 } k3_model_opts;
 
-/* Fills opts with the spec defaults (bits 4/8/8, idot 1, expert_gb 8, direct 1,
- * pipe 1, load_threads 4, threads = online CPUs, no usage history,
- * usage_save 1). */
+/* Fills opts with the defaults of docs/INTERFACES.md 3 (bits 4/8/8, idot 1,
+ * expert_gb 8, direct 1, pipe 1, load_threads 4, threads = online CPUs, no
+ * usage history, usage_save 1). */
 void k3_model_opts_default(k3_model_opts *o);
 
 typedef struct k3_model k3_model;

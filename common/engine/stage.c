@@ -1,5 +1,5 @@
 /* common/engine/stage.c: one session's sequential state and the forward pass of a
- * layer range over a chunk (stage.h; spec 3.3 for the AttnRes wiring, 5 for
+ * layer range over a chunk (stage.h; docs/MODEL.md 3.3 for the AttnRes wiring, 5.2 for
  * chunked prefill). layer_forward() below is the whole decoder layer, top to
  * bottom; the math of each block lives in kda.c, mla.c, moe.c, attnres.c.
  */

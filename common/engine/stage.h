@@ -13,7 +13,7 @@
  * per MLA layer the latent + rope cache [max_ctx][kv_lora + qk_rope]. A
  * session's tokens must be fed in order: pos0 must equal k3_state_pos().
  *
- * Chunked prefill semantics (spec 5): dense matmuls batched over T, experts
+ * Chunked prefill semantics (docs/MODEL.md 5.2): dense matmuls batched over T, experts
  * deduplicated over the chunk and applied in disk-offset order, recurrences
  * sequential per token. Results are bit-identical for every T split.
  *

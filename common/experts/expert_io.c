@@ -1,5 +1,5 @@
-/* common/experts/expert_io.c: how expert bytes come off the drives (spec 5 "Reads",
- * "Pipeline"): one read per expert through the shard's O_DIRECT fd with the
+/* common/experts/expert_io.c: how expert bytes come off the drives (docs/MODEL.md
+ * 5.4): one read per expert through the shard's O_DIRECT fd with the
  * unaligned tail through its buffered fd, and the loader threads that run
  * those reads in the order the batches queued them (disk order).
  *
@@ -25,7 +25,7 @@
 /* Reads [off, off+len) of a shard into buf (EXP_ALIGN-aligned, room for
  * len + 2*EXP_ALIGN) and says where the wanted bytes start (*data_off).
  *
- * O_DIRECT (spec 5): the start is aligned down to 4096 (pad = off - a), and
+ * O_DIRECT (docs/MODEL.md 5.4): the start is aligned down to 4096 (pad = off - a), and
  * ceil4K(pad + len) bytes are read through the direct fd, clipped to the
  * file's last full 4K block; what lies past that block (at most the file's
  * last partial block) is read through the buffered fd into its place. The

@@ -1,4 +1,4 @@
-/* common/experts/expert_usage.c: the expert usage history (spec 5 "AUTOPIN") and
+/* common/experts/expert_usage.c: the expert usage history (docs/MODEL.md 5.5) and
  * the warm start it drives. See experts.h for the file format.
  *
  * The counts live in the store (exp_layer.usage, under the layer mutex);
@@ -37,7 +37,7 @@
 
 #define USAGE_VERSION 1
 
-/* FNV-1a 32 of the engine name (spec 5: engine_id of "kimi_k3"). */
+/* FNV-1a 32 of the engine name (docs/MODEL.md 5.5: engine_id of "kimi_k3"). */
 static uint32_t engine_id(void) {
     uint32_t h = 2166136261u;
     for (const char *p = "kimi_k3"; *p; p++) {
@@ -60,7 +60,7 @@ uint64_t k3_experts_usage_count(k3_experts *s, int layer, int expert) {
 
 /* Rows of a whole history: [(n_layers_full + 1) * n_experts], the model's
  * layers before any K3_LAYERS truncation (so a truncated run keeps the
- * file of the full model), rows 0..n_layers inclusive per spec 5. Sized by
+ * file of the full model), rows 0..n_layers inclusive per docs/MODEL.md 5.5. Sized by
  * the config, whose dims are checked against limits.h at load. */
 static size_t rows_len(const k3_experts *s) {
     return ((size_t)s->cfg.n_layers_full + 1) * (size_t)s->cfg.n_experts;
@@ -153,7 +153,7 @@ k3_status k3_experts_usage_load(k3_experts *s, const char *path, char *err, size
 }
 
 /* Writes rows to <path>.tmp (fsynced) and renames it over path. An
- * all-zero history is a zero-byte file (spec 5). */
+ * all-zero history is a zero-byte file (docs/MODEL.md 5.5). */
 static k3_status usage_write(const k3_experts *s, const char *path, const uint64_t *rows, char *err,
                              size_t errlen) {
     char tmp[4200];
@@ -251,10 +251,11 @@ static int hot_cmp(const void *pa, const void *pb) {
 
 /* Per layer: the used experts by count, at most half the slots (none with
  * one slot), read as one batch in disk order and released at once, so they
- * sit at the LRU's young end; they are not pinned (spec 5 pins them; here
- * the other half of the slots would then be all that is left for the
- * read-ahead window of K3_PIPE). The warm reads count neither as usage nor
- * in the store's totals (they are not lookups of a step). */
+ * sit at the LRU's young end; they are not pinned (the original engine
+ * pinned them, docs/MODEL.md 5.5; here the other half of the slots would then
+ * be all that is left for the read-ahead window of K3_PIPE). The warm reads
+ * count neither as usage nor in the store's totals (they are not lookups of a
+ * step). */
 k3_status k3_experts_warm(k3_experts *s, int *n_read, char *err, size_t errlen) {
     int total = 0;
     k3_status st = K3_OK;

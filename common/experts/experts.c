@@ -47,7 +47,7 @@ void k3_expert_geom_init(k3_expert_geom *g, const k3_config *cfg) {
 }
 
 /* Expected [rows, cols] (in bytes) of part i: packed nibbles are cols/2
- * bytes per row, ue8m0 scales one byte per 32 columns (spec 4.1). */
+ * bytes per row, ue8m0 scales one byte per 32 columns (docs/MODEL.md 4.1). */
 static void part_shape(const k3_config *cfg, int part, int64_t *rows, int64_t *cols) {
     int is_w2 = part == K3_EXP_W2P || part == K3_EXP_W2S;
     int is_scale = part & 1;
@@ -72,7 +72,7 @@ static uint64_t mem_available(void) {
 /* Only the slot tables are allocated here; slot buffers are allocated on
  * first read, so a budget larger than what a run touches costs nothing.
  *
- * Budget (spec 5 "Expert LRU", "RAM clamp"): slots per layer =
+ * Budget (docs/MODEL.md 5.3): slots per layer =
  * budget / (n_moe * slot_bytes), clamped to [1, n_experts]. The slots may
  * use at most 88% of the available memory: a larger budget is lowered, and
  * when even one slot per layer does not fit the open fails, saying how much
@@ -337,7 +337,7 @@ int k3_experts_disk_order(const k3_experts *s, int layer, const uint8_t *selecte
 
 /* ---- views ---- */
 
-/* Spec 8.4: scale bytes 0 and 255 decode to +0 and +inf; real shards are
+/* docs/MODEL.md 8.4: scale bytes 0 and 255 decode to +0 and +inf; real shards are
  * not known to hold them. The first one is found by the loader (outside
  * any lock) and reported once per layer, not refused. Returns 1 and where
  * when one is found. */

@@ -1,5 +1,5 @@
 /* common/experts/experts.h: the ONE interface through which the layers reach the
- * routed MXFP4 experts (spec 4.1, 5): where each expert lives on disk, and a
+ * routed MXFP4 experts (docs/MODEL.md 4.1, 5.3-5.5): where each expert lives on disk, and a
  * per-layer cache of their bytes streamed from the shards.
  *
  * Owns: per MoE layer of a range, the expert table (for every expert its six
@@ -31,7 +31,7 @@
 /* The six tensors of an expert, in the engine's slot layout order. */
 enum { K3_EXP_W1P = 0, K3_EXP_W1S, K3_EXP_W2P, K3_EXP_W2S, K3_EXP_W3P, K3_EXP_W3S, K3_EXP_PARTS };
 
-/* Byte sizes of one expert's parts from the config (spec 4.1):
+/* Byte sizes of one expert's parts from the config (docs/MODEL.md 4.1):
  * w1/w3 [moe_inter][latent] (gate/up), w2 [latent][moe_inter] (down). */
 typedef struct k3_expert_geom {
     uint64_t bytes[K3_EXP_PARTS];      /* packed = rows*cols/2, scale = rows*cols/32 */
@@ -143,7 +143,7 @@ void k3_experts_totals(k3_experts *s, k3_expert_stats *out);
 /* Bytes currently held in slot buffers. */
 size_t k3_experts_resident_bytes(k3_experts *s);
 
-/* ---- usage history (spec 5 "AUTOPIN", common/experts/expert_usage.c) ----
+/* ---- usage history (docs/MODEL.md 5.5, common/experts/expert_usage.c) ----
  *
  * Every expert a batch uses is counted per layer. The history file is text:
  *   -1 <n_layers> <n_experts>   (the model's, before K3_LAYERS truncation)

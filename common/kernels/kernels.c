@@ -1,13 +1,13 @@
 /* common/kernels/kernels.c: ISA dispatch, the scalar reference kernels, the
- * load-time quantizers (spec 4.2), per-thread kernel scratch and the
+ * load-time quantizers (docs/MODEL.md 4.2), per-thread kernel scratch and the
  * threaded wrappers.
  *
- * The scalar kernels define the numbers: the values of spec 4.1/4.2 (group
+ * The scalar kernels define the numbers: the values of docs/MODEL.md 4.1/4.2 (group
  * sums times group scales, int8 row scale last, the integer-dot float part
  * in group order) summed in one fixed order that every vector backend
  * (kernels_avx2.c, kernels_avx512.c) reproduces bit for bit; see "scalar
  * reference kernels" below for the order and why it is not the column order
- * spec 4.1 describes for the original engine's scalar path. Dispatch is one
+ * the original engine's scalar path used (docs/MODEL.md 4.3). Dispatch is one
  * table pointer, chosen once (cpuid, then K3_ISA) and changed only by
  * k3_isa_force (tests, not thread-safe against running kernels).
  */
@@ -377,10 +377,10 @@ static void sc_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0
     k3_i4_rows_chunked(m, x, n, y, r0, r1, i4x_group, sc_i4_chunk);
 }
 
-/* MXFP4 exact-float (spec 4.1): y = sum_g 2^(s-127) * sum_{i in g} x v(n).
+/* MXFP4 exact-float (docs/MODEL.md 4.1): y = sum_g 2^(s-127) * sum_{i in g} x v(n).
  * Computed as sum_g (2^(s-127)/2) * sum x*(2v): every product and partial
  * sum is exactly twice the one with v (a power-of-two scaling), so the value
- * is the spec's, and the doubled integers are what the vector kernels use. */
+ * is docs/MODEL.md's, and the doubled integers are what the vector kernels use. */
 static void sc_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
     const int cols = w->cols, ng = cols / 32;
     for (int r = r0; r < r1; r++) {
@@ -509,7 +509,7 @@ const k3_kern_ops k3_kern_scalar = {
     .q8_rows = k3_q8_rows_scalar,
 };
 
-/* ---- load-time quantization (spec 4.2) ---- */
+/* ---- load-time quantization (docs/MODEL.md 4.2) ---- */
 
 static float max_abs(const float *v, int n) {
     float m = 0.0f;
@@ -563,7 +563,7 @@ void k3_qmat_quantize(k3_qmat *m, const float *w, int rows, int cols, int bits) 
         int8_t *qr = m->q8 + (size_t)r * cols;
         float s = max_abs(wr, cols) / 127.0f;
         s = s > 1e-20f ? s : 1e-20f;
-        float inv = 1.0f / s; /* multiply by the reciprocal, do not divide (spec 4.2) */
+        float inv = 1.0f / s; /* multiply by the reciprocal, do not divide (docs/MODEL.md 4.2) */
         for (int c = 0; c < cols; c++) qr[c] = (int8_t)clampf(rintf(wr[c] * inv), -127.f, 127.f);
         m->scales[r] = s;
     }
@@ -587,8 +587,9 @@ void k3_qmat_downcast_i4(k3_qmat *dst, const k3_qmat *src) {
             int a = 0;
             for (int i = 0; i < 64; i++) a = abs(qg[i]) > a ? abs(qg[i]) : a;
             /* s = a * s8_row / 7. An all-zero group (a = 0) would give s = 0
-             * and a 0/0 ratio; the spec does not say, so it takes the 1e-20
-             * floor of the other quantizers (its q4 are 0 either way). */
+             * and a 0/0 ratio; the original rule does not say, so it takes the
+             * 1e-20 floor of the other quantizers (its q4 are 0 either way;
+             * docs/MODEL.md 4.2). */
             float s = (float)a * s8 / 7.0f;
             s = s > 1e-20f ? s : 1e-20f;
             float ratio = s8 / s;

@@ -1,7 +1,7 @@
 /* common/kernels/kernels.h: tensor formats and the matmul kernels of the model
- * (../shared/spec/model.md section 4).
+ * (docs/MODEL.md section 4).
  *
- * Formats of dense weights (k3_qmat), chosen at load by bits (spec 4.2):
+ * Formats of dense weights (k3_qmat), chosen at load by bits (docs/MODEL.md 4.2):
  *   K3_QF_F32   f32 [rows][cols]
  *   K3_QF_I8    int8 per-row: q8 [rows][cols], scales [rows]
  *   K3_QF_I4G64 int4 group-64: q4 [rows][cols/2] (q+8, even column in the low
@@ -55,11 +55,11 @@ typedef struct k3_qmat {
                      * cols % 32 == 0 only; set by the loader under K3_DENSE_IDOT) */
 } k3_qmat;
 
-/* Quantizes f32 weights with the spec 4.2 algorithm: bits >= 32 -> F32 (copy),
+/* Quantizes f32 weights with the docs/MODEL.md 4.2 algorithm: bits >= 32 -> F32 (copy),
  * bits <= 4 and cols % 64 == 0 -> I4G64, otherwise I8. Round half to even
  * (lrintf), multiply by the float reciprocal of the scale, scale >= 1e-20. */
 void k3_qmat_quantize(k3_qmat *m, const float *w, int rows, int cols, int bits);
-/* int8 per-row -> int4-g64 downcast (spec 4.2, explicit K3_BITS=4 on an int8
+/* int8 per-row -> int4-g64 downcast (docs/MODEL.md 4.2, explicit K3_BITS=4 on an int8
  * container). cols % 64 == 0 required. */
 void k3_qmat_downcast_i4(k3_qmat *dst, const k3_qmat *src_i8);
 void k3_qmat_free(k3_qmat *m);
@@ -67,7 +67,7 @@ size_t k3_qmat_bytes(const k3_qmat *m);
 
 /* y[t][r] = sum_c W[r][c] x[t][c] for t in [0,n), r in [r0,r1).
  * x: [n][cols], y: [n][rows] (row stride = m->rows). Float activations and
- * float accumulation per row in the 16-lane order (spec 4.2 fixes no order);
+ * float accumulation per row in the 16-lane order (docs/MODEL.md 4.3);
  * I8 multiplies the row scale at the end. I4G64 holds x per 8 columns in
  * fixed point at 2^-22 of their max|x| and sums each lane of 8 exactly in
  * integers before its group scale (kernels.c, the fixed-point order). */
@@ -77,7 +77,7 @@ void k3_qmat_matmul_rows(const k3_qmat *m, const float *x, int n, float *y, int 
  * (k3_act_quant_q8) and the integer-dot kernel below runs instead. */
 void k3_qmat_matmul(const k3_qmat *m, const float *x, int n, float *y, k3_pool *pool);
 
-/* Integer-dot dense kernel (opt-in, K3_DENSE_IDOT=1; spec 4.2 prescribes
+/* Integer-dot dense kernel (opt-in, K3_DENSE_IDOT=1; docs/MODEL.md 4.2 prescribes
  * float activations, so this is a numerics change, like K3_IDOT for the
  * experts): activations quantized per group of 32 (k3_act_quant_q8), per
  * group g the exact integer sum isum_g of q_w * q_x, then in group order
@@ -97,7 +97,7 @@ typedef struct k3_mxfp4 {
     int rows, cols;        /* cols % 32 == 0 */
 } k3_mxfp4;
 
-/* e2m1 nibble -> value (spec 4.1 table). */
+/* e2m1 nibble -> value (docs/MODEL.md 4.1 table). */
 extern const float k3_e2m1[16];
 /* ue8m0 exponent -> 2^(s-127) built from bits s<<23 (s=0 -> +0, 255 -> +inf). */
 float k3_e8m0_to_f32(uint8_t s);
@@ -106,7 +106,7 @@ float k3_e8m0_to_f32(uint8_t s);
  * x [n][cols], y [n][rows]. */
 void k3_mxfp4_matmul_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1);
 
-/* Activation quantization per group of 32 (spec 4.1): m = max|x|,
+/* Activation quantization per group of 32 (docs/MODEL.md 4.1): m = max|x|,
  * s = max(m/127, 1e-20), q = clamp(rint(x * (1/s)), -127, 127).
  * x [n][cols] -> q [n][cols], s [n][cols/32]. cols % 32 == 0. */
 void k3_act_quant_q8(const float *x, int n, int cols, int8_t *q, float *s);

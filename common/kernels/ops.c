@@ -1,13 +1,13 @@
 /* common/kernels/ops.c: the small operators of the forward pass with the precision
- * the spec fixes (../shared/spec/model.md 3.1, 3.4, 3.8), the scalar backend
+ * docs/MODEL.md fixes (3.1, 3.4, 3.8, 4.3), the scalar backend
  * of the layer operators (ops_isa.h) with its dispatcher.
  *
  * The scalar backend defines the numbers: every vector backend
  * (ops_avx2.c, ops_avx512.c, one text in ops_vec.h) runs the same
  * operations in the same order, so each function gives the same bits at
- * every K3_ISA level, on any thread. Spec-level precision is kept where it
+ * every K3_ISA level, on any thread. The precision of docs/MODEL.md is kept where it
  * is semantic: the RMSNorm sum of squares and the AttnRes dots in double,
- * softmax in float with the max subtracted. Where the spec fixes no order,
+ * softmax in float with the max subtracted. Where the math fixes no order,
  * ops_isa.h does. Transcendentals use k3_exp_ref / k3_tanh_ref (~1-3 ulp),
  * not libm, since a vector backend cannot reproduce libm's bits.
  */
@@ -238,7 +238,7 @@ float k3_sigmoid(float z) { return k3_sigmoid_ref(z); }
 float k3_silu(float z) { return z * k3_sigmoid_ref(z); }
 
 void k3_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    /* spec 3.1: sum of squares in double (lane order of ops_isa.h), mean in
+    /* docs/MODEL.md 3.1: sum of squares in double (lane order of ops_isa.h), mean in
      * double cast to float, reciprocal in float, then (x * r) * w in float. */
     const k3_ops_tab *o = k3_ops();
     double ss;
@@ -249,7 +249,7 @@ void k3_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
 }
 
 void k3_situ(float *out, const float *g, const float *u, int n, float b1, float b2) {
-    /* spec 3.8: [b1 tanh(g/b1) sigmoid(g)] * [b2 tanh(u/b2)], left to right;
+    /* docs/MODEL.md 3.8: [b1 tanh(g/b1) sigmoid(g)] * [b2 tanh(u/b2)], left to right;
      * the sigmoid takes the uncapped g. */
     k3_ops()->situ(out, g, u, n, b1, b2);
 }

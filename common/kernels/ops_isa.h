@@ -11,7 +11,7 @@
  *     ((t0+t4)+(t2+t6)) + ((t1+t5)+(t3+t7))), then the n % 16 tail in
  *     element order. Multiply-adds are fused (fmaf / vfmadd) where the table
  *     says so; plain sums use adds.
- *   - double reductions (spec 3.1, 3.3 "in double"): 8 lanes of double,
+ *   - double reductions (docs/MODEL.md 3.1, 3.3, 4.3): 8 lanes of double,
  *     lane k owns elements k, k+8, ...; products of two floats are exact in
  *     double; tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then the tail.
  *   - exp: k3_exp_ref below (not libm's expf), the same operations in every
@@ -32,7 +32,7 @@
 
 typedef struct k3_ops_tab {
     k3_isa isa;
-    /* KDA, one head, S [d][d] key-major (spec 3.4):
+    /* KDA, one head, S [d][d] key-major (docs/MODEL.md 3.4):
      * decay_read: S[i][:] *= alpha[i], u[j] = sum_i fmaf(k[i], S[i][j]) in
      *   key order (u starts at 0);
      * write_read: S[i][j] = fmaf(k[i], delta[j], S[i][j]), o[j] = sum_i
@@ -40,7 +40,7 @@ typedef struct k3_ops_tab {
     void (*kda_decay_read)(float *S, int d, const float *alpha, const float *k, float *u);
     void (*kda_write_read)(float *S, int d, const float *k, const float *delta, const float *q,
                            float *o);
-    /* KDA short conv with 4 taps over d channels (spec 3.4), in place: per
+    /* KDA short conv with 4 taps over d channels (docs/MODEL.md 3.4), in place: per
      * channel the window win[c][0..3] (oldest first) shifts left and takes
      * u[c] last, then u[c] = ((0 + t0 w0) + t1 w1) + t2 w2) + t3 w3 (products
      * rounded, then the adds in tap order); taps [d][4]. */
@@ -49,7 +49,7 @@ typedef struct k3_ops_tab {
      * in row order from 0, in W's load format (s: 1 for f32, the int8 row
      * scale, the int4 group scale); coef[t] = coef + t * coef_ld, acc[t] =
      * acc + t * acc_ld (m->cols floats). The MLA q_abs = K_h^T q_nope build
-     * (spec 4.2). */
+     * (docs/MODEL.md 3.5). */
     void (*rows_comb)(const k3_qmat *m, int row0, int nrows, const float *coef, size_t coef_ld,
                       int T, float *acc, size_t acc_ld);
     /* acc[q][c] = sum_{s < n} fmaf(p[q][s], rows[s][c], .) in row order from
@@ -66,7 +66,7 @@ typedef struct k3_ops_tab {
     void (*sigmoid_mul)(float *out, const float *x, const float *g, int n);
     /* in place: x = x * sigma(x) */
     void (*silu)(float *x, int n);
-    /* alpha = exp(lb * sigma(A * (z + dt))) (KDA decay, spec 3.4) */
+    /* alpha = exp(lb * sigma(A * (z + dt))) (KDA decay, docs/MODEL.md 3.4) */
     void (*kda_alpha)(float *alpha, const float *z, const float *dt, float A, float lb, int n);
     /* sum x^2, float lanes with fmaf (the KDA L2 norms) */
     float (*sumsq)(const float *x, int n);

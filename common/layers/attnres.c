@@ -1,4 +1,4 @@
-/* common/layers/attnres.c: the Block AttnRes Mix operator (spec 3.3). The wiring
+/* common/layers/attnres.c: the Block AttnRes Mix operator (docs/MODEL.md 3.3). The wiring
  * (when to snapshot, when the prefix restarts) is in common/engine/stage.c, where a
  * reader sees it next to the attention and MLP calls. The loops run through
  * the ISA-dispatched operators of ops_isa.h: the same bits at every level. */
@@ -13,7 +13,7 @@ void k3_attnres_mix(const float *const *v, int n, const float *w, int D, float e
     float pi[K3_MAX_RES_ENTRIES + 1];
     /* score s_e = (v_e . w) / sqrt(mean(v_e^2) + eps): the dot, the sum of
      * squares and the quotient in double (8 double lanes, ops_isa.h), eps
-     * the float config value promoted (spec 3.3 / 7.14), the score cast to
+     * the float config value promoted (docs/MODEL.md 3.3, 7.14), the score cast to
      * float. */
     for (int e = 0; e < n; e++) {
         double dot, ss;

@@ -1,4 +1,4 @@
-/* common/layers/kda.c: Kimi Delta Attention over a chunk (spec 3.4, 5, 7.1-7.4).
+/* common/layers/kda.c: Kimi Delta Attention over a chunk (docs/MODEL.md 3.4, 5.2, 7.1-7.4).
  *
  * Batched over the chunk: every projection (q, k, v, gate, the decay
  * bottleneck f_a -> f_b, beta, o). Sequential per token, in order: the conv
@@ -25,7 +25,7 @@ size_t k3_kda_scratch_bytes(const k3_config *c, int T) {
 
 /* Causal depthwise conv + SiLU for one head's d channels of one token, in
  * place: the window (oldest first) shifts left, takes the new input last,
- * and is dotted with the taps in tap order (spec 3.4); then SiLU over the
+ * and is dotted with the taps in tap order (docs/MODEL.md 3.4); then SiLU over the
  * d outputs at once (vector backends). */
 static void conv_silu(const k3_ops_tab *o, float *u, float *win, const float *taps, int d, int K) {
     if (K == 4) { /* K3's kernel size: vector backends */
@@ -92,7 +92,7 @@ static void kda_head(void *ctx, int h) {
     for (int t = 0; t < c->T; t++) {
         size_t row = (size_t)t * P + h0;
         float *q = c->q + row, *k = c->k + row, *v = c->v + row, *o = c->o + row;
-        /* short conv + SiLU on each of q, k, v (spec 7.4) */
+        /* short conv + SiLU on each of q, k, v (docs/MODEL.md 7.4) */
         conv_silu(ops, q, win_q, w->conv_q + h0 * K, d, K);
         conv_silu(ops, k, win_k, w->conv_k + h0 * K, d, K);
         conv_silu(ops, v, win_v, w->conv_v + h0 * K, d, K);

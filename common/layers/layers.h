@@ -1,4 +1,4 @@
-/* common/layers/layers.h: the layer math of Kimi K3 (../shared/spec/model.md 3.1-3.8)
+/* common/layers/layers.h: the layer math of Kimi K3 (docs/MODEL.md 3.1-3.8)
  * on a chunk of T consecutive tokens, one function per block:
  *
  *   (the small operators they call, RMSNorm, SiTU, softmax, are
@@ -111,7 +111,7 @@ typedef struct k3_layer_ctx {
     double topp;         /* K3_TOPP routed-expert pruning, 0 = off */
 } k3_layer_ctx;
 
-/* ---- attnres.c (spec 3.3) ---- */
+/* ---- attnres.c (docs/MODEL.md 3.3) ---- */
 
 /* out = Mix(v[0..n-1]; w): s_e = (v_e . w) / sqrt(mean(v_e^2) + eps) with
  * the dots, the mean and the score in double (cast to float), pi =
@@ -119,7 +119,7 @@ typedef struct k3_layer_ctx {
  * n <= K3_MAX_RES_ENTRIES + 1. out must not alias any v[e]. */
 void k3_attnres_mix(const float *const *v, int n, const float *w, int D, float eps, float *out);
 
-/* ---- kda.c (spec 3.4) ---- */
+/* ---- kda.c (docs/MODEL.md 3.4) ---- */
 
 size_t k3_kda_scratch_bytes(const k3_config *cfg, int T);
 /* x: [T][D] the normed layer input; out: [T][D]. Advances st by T tokens. */
@@ -132,7 +132,7 @@ void k3_kda_forward(const k3_layer_ctx *lc, const k3_kda_w *w, k3_kda_state *st,
 void k3_kda_head_step(float *S, int d, const float *q, const float *k, const float *v,
                       const float *alpha, float beta, float *o);
 
-/* ---- mla.c (spec 3.5) ---- */
+/* ---- mla.c (docs/MODEL.md 3.5) ---- */
 
 size_t k3_mla_scratch_bytes(const k3_config *cfg, int T, int ctx_len);
 /* x: [T][D] normed input; positions [pos0, pos0 + T); the cache must hold
@@ -144,7 +144,7 @@ k3_status k3_mla_cache_reserve(k3_mla_cache *c, const k3_config *cfg, int rows, 
                                char *err, size_t errlen);
 void k3_mla_cache_free(k3_mla_cache *c);
 
-/* ---- moe.c (spec 3.6, 3.7) ---- */
+/* ---- moe.c (docs/MODEL.md 3.6, 3.7) ---- */
 
 /* Router selection for one token: s = sigmoid(logits); pick topk on s + bias
  * greedily (ties: lower index); weights = s / (sum of selected s + 1e-20).

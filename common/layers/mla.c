@@ -1,4 +1,4 @@
-/* common/layers/mla.c: gated MLA without RoPE over a chunk (spec 3.5, 5, 7.5-7.6).
+/* common/layers/mla.c: gated MLA without RoPE over a chunk (docs/MODEL.md 3.5, 5.2, 7.5-7.6).
  *
  * Batched over the chunk: q_a, q_b, kv_a, g and o projections. The whole
  * chunk's normalized latents and raw 64-dim "rope" keys are appended to the

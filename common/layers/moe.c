@@ -1,4 +1,4 @@
-/* common/layers/moe.c: LatentMoE (spec 3.6, 7.8-7.9) and the dense MLP (3.7).
+/* common/layers/moe.c: LatentMoE (docs/MODEL.md 3.6, 7.8-7.9) and the dense MLP (3.7).
  *
  * LatentMoE over a chunk: the router, the latent down projection, the shared
  * experts and the latent up projection are batched over the chunk. The
@@ -38,7 +38,7 @@ void k3_moe_route(const float *logits, const float *bias, int E, int topk, doubl
         taken[e] = 0;
     }
     /* greedy top-k on the biased score; strict '>' while scanning upward
-     * keeps the lower index on ties (spec 3.6) */
+     * keeps the lower index on ties (docs/MODEL.md 3.6) */
     for (int k = 0; k < topk; k++) {
         int best = -1;
         for (int e = 0; e < E; e++)
@@ -196,7 +196,7 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
 
     /* shared experts on the same x, computed now (under the reads) and
      * added unweighted at the very end, so the sum is the same as when
-     * they ran last (spec 3.6: out = W_up U + y_shared) */
+     * they ran last (docs/MODEL.md 3.6: out = W_up U + y_shared) */
     float *sg = K3_ARENA_F(ar, (size_t)T * S); /* [T][shared_inter] */
     float *su = K3_ARENA_F(ar, (size_t)T * S);
     float *ys = K3_ARENA_F(ar, (size_t)T * D); /* [T][D] */

@@ -1,4 +1,4 @@
-/* common/text/chat.c: XTML rendering (interfaces.md 2.1-2.4) and the Python-style
+/* common/text/chat.c: XTML rendering (docs/INTERFACES.md 2.1-2.4) and the Python-style
  * JSON printer for tool declarations. The output filter is chat_filter.c. */
 #include "common/text/chat.h"
 

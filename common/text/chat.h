@@ -1,8 +1,8 @@
-/* common/text/chat.h: XTML chat rendering and the output filter (interfaces.md 2).
+/* common/text/chat.h: XTML chat rendering and the output filter (docs/INTERFACES.md 2).
  *
  * Owns: turning a conversation (OpenAI-shaped messages, tools, tool_choice,
  * thinking on/off, generation prompt or continuation) into token ids exactly
- * as interfaces.md 2.1-2.4 lays them out, and the reverse direction: a
+ * as docs/INTERFACES.md 2.1-2.4 lays them out, and the reverse direction: a
  * streaming filter over generated ids that hides structural tokens, splits
  * reasoning from the response, extracts tool calls and reports the finish.
  * Borrows: the k3_tok (must outlive every render call and filter) and the

@@ -1,7 +1,7 @@
 /* common/text/chat_filter.c: the output side of XTML (chat.h). Generated ids come
  * in one at a time; structural tokens and tags are hidden, text goes to the
  * reasoning or the response channel through streaming UTF-8 decoders, and
- * the tools block is parsed into calls (interfaces.md 2.3 and 3.5). */
+ * the tools block is parsed into calls (docs/INTERFACES.md 2.3 and 2.6). */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>

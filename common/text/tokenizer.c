@@ -1,5 +1,5 @@
 /* common/text/tokenizer.c: loading, pre-tokenizing, rank-BPE, decoding.
- * See tokenizer.h for the contract; the facts are interfaces.md 1.3-1.6. */
+ * See tokenizer.h for the contract; the facts are docs/INTERFACES.md 1.3-1.6. */
 #include "common/text/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -15,7 +15,7 @@
 
 /* ---- the split regexes -------------------------------------------------
  *
- * interfaces.md 1.3 writes the Kimi pattern with fancy-regex's `&&` class
+ * The reference Kimi pattern (docs/INTERFACES.md 1.3) uses fancy-regex's `&&` class
  * intersection, which PCRE2 10.42 lacks. [A&&[^Han]] is rewritten as one
  * negated class over the complement: the general categories partition every
  * code point, so "Lu|Lt|Lm|Lo|M and not Han" is exactly "not Ll, N, P, S,
@@ -27,8 +27,8 @@
  * \s is spelled out as the Unicode White_Space property, which is what
  * tiktoken's Rust regex means by \s; PCRE2's \s also matches U+180E.
  * \p{Han} in Rust regex is Script=Han (not Script_Extensions, so U+3002 is
- * not Han); PCRE2's \p{Han} is Script_Extensions, so Han is the spec's
- * explicit Unicode 15.1 Script=Han range list instead. */
+ * not Han); PCRE2's \p{Han} is Script_Extensions, so Han is an explicit
+ * Unicode 15.1 Script=Han range list instead (docs/INTERFACES.md 1.3). */
 #define HAN                                                                                        \
     "\\x{2E80}-\\x{2E99}\\x{2E9B}-\\x{2EF3}\\x{2F00}-\\x{2FD5}\\x{3005}"                           \
     "\\x{3007}\\x{3021}-\\x{3029}\\x{3038}-\\x{303B}\\x{3400}-\\x{4DBF}"                           \
@@ -52,7 +52,7 @@
     "|[" WS "]+(?![^" WS "])"                                                                      \
     "|[" WS "]+"
 
-/* The alternatives, in the spec's order (leftmost-first, as in tiktoken):
+/* The alternatives, in docs/INTERFACES.md 1.3's order (leftmost-first, as in tiktoken):
  * 1 Han run (Kimi only), 2-3 letters (case-aware, optional contraction),
  * 4 one to three numbers, 5 punctuation run with an optional leading space
  * and trailing CR/LF (o200k also swallows '/'), 6 whitespace up to the last

@@ -1,4 +1,4 @@
-/* common/text/tokenizer.h: the Kimi K3 tokenizer (../shared/spec/interfaces.md 1).
+/* common/text/tokenizer.h: the Kimi K3 tokenizer (docs/INTERFACES.md 1).
  *
  * Owns: the rank table read from a checkpoint's tiktoken.model (the rank IS
  * the id), the 256 added tokens above it from tokenizer_config.json
@@ -17,7 +17,7 @@
  * around it are pre-tokenized as if the byte were the end / start of the text.
  * Not handled: code points assigned after Unicode 14 (PCRE2 10.42's tables)
  * may be classed differently than tiktoken's Unicode 15.1 tables, except Han,
- * which uses the spec's explicit Unicode 15.1 Script=Han ranges.
+ * which uses explicit Unicode 15.1 Script=Han ranges (docs/INTERFACES.md 1.3).
  */
 #ifndef K3_TOKENIZER_H
 #define K3_TOKENIZER_H
@@ -31,7 +31,7 @@ typedef struct k3_tok k3_tok;
 
 /* Which split regex the pre-tokenizer runs. */
 typedef enum k3_tok_pattern {
-    K3_TOK_PATTERN_KIMI = 0, /* interfaces.md 1.3 (Han runs, no '/' tail) */
+    K3_TOK_PATTERN_KIMI = 0, /* docs/INTERFACES.md 1.3 (Han runs, no '/' tail) */
     K3_TOK_PATTERN_O200K     /* tiktoken's o200k_base pat_str */
 } k3_tok_pattern;
 

@@ -150,8 +150,8 @@ __attribute__((target("avx512f,avx512vnni"))) static void peak_avx512(int32_t *s
     sink[0] = _mm512_reduce_add_epi32(t);
 }
 
-/* The float FMA peak (the ceiling of the float-activation kernels, spec
- * 4.2): 8 independent vfmadd231ps zmm chains in one asm block. */
+/* The float FMA peak (the ceiling of the float-activation kernels,
+ * docs/MODEL.md 4.2): 8 independent vfmadd231ps zmm chains in one asm block. */
 __attribute__((target("avx512f"))) static void peak_fma512(int32_t *sink) {
     __m512 x = _mm512_set1_ps(1.0f), y = _mm512_set1_ps(1e-8f);
     __m512 a0 = _mm512_set1_ps(0), a1 = _mm512_set1_ps(1), a2 = _mm512_set1_ps(2),
@@ -381,7 +381,7 @@ int main(int argc, char **argv) {
     if (pk_kind == 0 && k3_isa_detect() == K3_ISA_AVX512)
         printf("# (for reference, vpdpbusd zmm peak: %.0f GOP/s 1 thread)\n", int8_peak(1, 1));
     if (k3_isa_detect() == K3_ISA_AVX512) {
-        /* the float-activation kernels (spec 4.2) can reach at most this */
+        /* the float-activation kernels (docs/MODEL.md 4.2) can reach at most this */
         const double f1 = int8_peak(2, 1);
         printf("# float FMA peak (vfmadd231ps zmm): %.0f GFLOP/s (1 thread) = %.0f%% of the int8 "
                "dot peak\n",

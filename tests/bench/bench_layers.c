@@ -1,6 +1,6 @@
 /* tests/bench/bench_layers.c: one KDA and one MLA layer at the real K3
  * dimensions (random weights in the default load formats: KDA int4-g64, MLA
- * int8, f32 where the spec says so), timed per call. Not a test: prints a
+ * int8, f32 where docs/MODEL.md says so), timed per call. Not a test: prints a
  * table, asserts nothing.
  *
  * For each layer: decode (T = 1) and a prefill chunk (T = 32); MLA decode

@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_proto.c: libFuzzer target for the protocol decoder
- * (RELIABILITY.md 8 row P8): pre-scan -> decode -> re-encode -> decode ->
+ * (docs/TESTING.md P8): pre-scan -> decode -> re-encode -> decode ->
  * compare. Run by `make fuzz` with -rss_limit_mb=512 -malloc_limit_mb=64,
  * so an allocation bomb that got past the pre-scan counts as a crash.
  *

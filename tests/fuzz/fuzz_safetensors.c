@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_safetensors.c: libFuzzer target for the safetensors header
- * parser (RELIABILITY.md S10). The input is a whole shard file: the 8-byte
+ * parser (docs/TESTING.md S10). The input is a whole shard file: the 8-byte
  * length, the header and the data section, so every check from the length
  * prefix (S1) to the layout (S4) is reachable. Run by `make fuzz` under
  * ASan + UBSan with -malloc_limit_mb, which also catches any allocation

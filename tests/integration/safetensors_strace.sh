@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/integration/safetensors_strace.sh: RELIABILITY.md S7 under strace.
+# tests/integration/safetensors_strace.sh: docs/TESTING.md S7 under strace.
 # A model dir whose index.json points outside it (../evil.safetensors, an
 # absolute path, or a bare name that exists only next to the model dir) must
 # be refused or resolve to nothing, and no open/openat/stat of the decoy file

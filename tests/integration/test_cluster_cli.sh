@@ -9,9 +9,9 @@
 #  - layer ranges that leave a gap or overlap are refused with the layers
 #    named; a worker started with other numerics is refused;
 #  - a worker asked to pin to a NUMA node that does not exist warns and
-#    serves unpinned, with identical results (RELIABILITY.md B7);
+#    serves unpinned, with identical results (docs/TESTING.md B7);
 #  - keygen writes a 0600 secret and a public key, never overwrites; a
-#    worker refuses a secret key file readable by others (RELIABILITY C6).
+#    worker refuses a secret key file readable by others (docs/TESTING.md C6).
 set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C" "$W"

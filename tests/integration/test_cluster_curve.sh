@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/integration/test_cluster_curve.sh: the cluster across two "hosts"
-# (network namespaces joined by a veth pair) over CURVE (RELIABILITY.md 3,
-# rows C1-C7 of section 8).
+# (network namespaces joined by a veth pair) over CURVE (docs/TESTING.md 6.3,
+# rows C1-C7 of section 4).
 #  C1 two workers in namespace B, the coordinator in namespace A, CURVE with
 #     allow-listed keys: logits and ids identical (cmp) to --local 0;
 #  C2 a coordinator key not on the workers' allow-list: refused;

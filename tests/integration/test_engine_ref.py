@@ -112,11 +112,11 @@ def no_crash(r):
 
 
 class QuantRef:
-    """tests/ref/k3_ref.py with the load-time quantization of spec 4.2
+    """tests/ref/k3_ref.py with the load-time quantization of docs/MODEL.md 4.2
     applied to its weights in numpy: w_load(bits) = f32 (>= 32), int4-g64
     (<= 4 and in % 64 == 0), else int8 per row; s = max|w| / 127 (or / 7 per
     group of 64) clamped to >= 1e-20, q = clamp(rint(w * (1/s))), w' = q * s.
-    Which matrix takes which setting (spec 4.2 table): KDA q/k/v/g/o, dense
+    Which matrix takes which setting (docs/MODEL.md 4.2 table): KDA q/k/v/g/o, dense
     MLP, latent down/up and shared experts K3_BITS; every MLA projection
     K3_MLA_BITS; lm_head K3_HEAD_BITS; router, f_a, f_b, b_proj, embedding
     and vectors stay f32."""
@@ -307,7 +307,7 @@ def body(tmp, prompts, D, L, V, eos):
                       % (mode, len(p), a, b))
 
     # ---- 3. quantized modes --------------------------------------------
-    # 3a. The load-time quantization of spec 4.2, simulated in numpy on the
+    # 3a. The load-time quantization of docs/MODEL.md 4.2, simulated in numpy on the
     # reference's weights, must give the engine's hidden states (idot off):
     # this checks every quantized matrix class end to end, independently of
     # how far quantization moves the model away from exact.

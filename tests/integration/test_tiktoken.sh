@@ -2,7 +2,7 @@
 # tests/integration/test_tiktoken.sh: the C tokenizer against the real
 # tiktoken (the WASM core of the npm package pinned in tests/tok/), id for id.
 #
-# Cases (tests/tok/oracle.cjs): the 18 corpus strings of interfaces.md 1.7,
+# Cases (tests/tok/oracle.cjs): the 18 corpus strings of docs/INTERFACES.md 1.7,
 # 500 seeded random strings (scripts, emoji, CRLF, digits, contractions,
 # invalid bytes) and a 1 MB text. Configurations:
 #   1. o200k_base ranks + the Kimi split regex (custom Tiktoken)

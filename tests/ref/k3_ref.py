@@ -1,13 +1,13 @@
 #!/usr/bin/python3
 """k3_ref.py: an independent numpy reference of the Kimi K3 forward pass.
 
-Written from the spec alone (../shared/spec/model.md from the repository
-root, sections 1-5 and 7) as the oracle for the C engine's exact mode
+Written from the model description alone (docs/MODEL.md, sections 1-5
+and 7) as the oracle for the C engine's exact mode
 (K3_BITS=32 K3_MLA_BITS=32 K3_HEAD_BITS=32 K3_IDOT=0): every weight is used
 as exact float32 (BF16/F16 converted exactly, MXFP4 experts dequantized
 exactly), never quantized.
 
-Math precision (spec 3.1, 3.3): float32 everywhere, except RMSNorm (mean of
+Math precision (docs/MODEL.md 3.1, 3.3): float32 everywhere, except RMSNorm (mean of
 squares and 1/sqrt in float64, x*r cast to float32, then times w) and the
 AttnRes scores (dot and mean of squares in float64, score cast to float32).
 Matrix products are numpy float32 matmuls (BLAS order, not the C order).
@@ -34,7 +34,7 @@ File formats (raw little-endian float32, no header; the C engine writes the
 same so the two can be compared with numpy.fromfile):
   --trace FILE   [n_layers][T][D]: for layer i and prompt position t, the
                  hidden h that layer i outputs (= the AttnRes running prefix
-                 p after step 8 of spec 3.3). T = prompt length, D = hidden.
+                 p after step 8 of docs/MODEL.md 3.3). T = prompt length, D = hidden.
                  Generated tokens are not included.
   --logits FILE  [T][vocab]: teacher-forced logits at every prompt position
                  (row t predicts the token after prompt[t]).
@@ -63,7 +63,7 @@ PREFIX = "language_model."
 ST_DTYPES = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1}
 MAX_HEADER = 100 << 20  # a safetensors header larger than this is refused
 
-# e2m1 nibble -> value (spec 4.1): bit 3 sign, bits 0..2 index the magnitudes.
+# e2m1 nibble -> value (docs/MODEL.md 4.1): bit 3 sign, bits 0..2 index the magnitudes.
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0.0, -.5, -1, -1.5, -2, -3, -4, -6], dtype=F32)
 
 
@@ -185,7 +185,7 @@ class Checkpoint:
 
 
 class Config:
-    """The model keys of spec 1.1 (text_config if present, else the root)."""
+    """The model keys of docs/MODEL.md 1.1 (text_config if present, else the root)."""
 
     REQUIRED = ["hidden_size", "num_hidden_layers", "vocab_size", "first_k_dense_replace",
                 "intermediate_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank",
@@ -245,7 +245,7 @@ class Config:
 
 
 class Model:
-    """Config plus lazily converted float32 weights (spec 2.2 names)."""
+    """Config plus lazily converted float32 weights (docs/MODEL.md 2.2 names)."""
 
     def __init__(self, d):
         with open(os.path.join(d, "config.json")) as f:
@@ -322,7 +322,7 @@ def load_model(d):
 
 
 # --------------------------------------------------------------------------
-# Building blocks (spec 3.1, 3.3, 3.8)
+# Building blocks (docs/MODEL.md 3.1, 3.3, 3.8)
 # --------------------------------------------------------------------------
 
 def rmsnorm(x, w, eps):
@@ -353,7 +353,7 @@ def mm(x, w):
 
 
 def attnres_mix(entries, w, eps):
-    """Mix of spec 3.3 over entries [n][T][D] (blocks in order, prefix last).
+    """Mix of docs/MODEL.md 3.3 over entries [n][T][D] (blocks in order, prefix last).
 
     Scores: (v.w) / sqrt(mean v^2 + eps) in float64, cast to float32; softmax in
     float32 over the entries; the RAW entries are summed in order in float32.
@@ -374,7 +374,7 @@ def attnres_mix(entries, w, eps):
 
 
 # --------------------------------------------------------------------------
-# State (spec 5)
+# State (docs/MODEL.md 5.1)
 # --------------------------------------------------------------------------
 
 class State:
@@ -402,7 +402,7 @@ def new_state(m):
 
 
 # --------------------------------------------------------------------------
-# Attention (spec 3.4 KDA, 3.5 gated MLA)
+# Attention (docs/MODEL.md 3.4 KDA, 3.5 gated MLA)
 # --------------------------------------------------------------------------
 
 def kda(m, i, st, x):
@@ -483,7 +483,7 @@ def mla(m, i, st, x):
 
 
 # --------------------------------------------------------------------------
-# MLPs (spec 3.6 LatentMoE, 3.7 dense)
+# MLPs (docs/MODEL.md 3.6 LatentMoE, 3.7 dense)
 # --------------------------------------------------------------------------
 
 def dense_mlp(m, i, x):

@@ -3,8 +3,8 @@
 
 k3_ref.py is vectorized numpy (batched matmuls, einsum, chunked prefill);
 a slip in an index string or an axis would not show up in its own tests.
-This file recomputes the same model from spec model.md with the most
-literal code possible and different choices wherever the spec allows them:
+This file recomputes the same model from docs/MODEL.md with the most
+literal code possible and different choices wherever the math allows them:
 - float64 throughout (k3_ref: float32, so expect ~1e-6 relative agreement);
 - one token at a time, one head at a time, explicit Python loops;
 - the conv taps applied to a growing history instead of a shifting window;

@@ -5,11 +5,11 @@
 // and a split regex. Commands:
 //   node oracle.cjs o200k-model OUT          o200k_base ranks as a tiktoken.model
 //   node oracle.cjs cases OUT                the test strings (cases.bin format of
-//                                            interfaces.md 1.7: u32 count, then
+//                                            docs/INTERFACES.md 1.7: u32 count, then
 //                                            u32 length + bytes per case)
 //   node oracle.cjs expect MODEL PAT CASES OUT   one line of ids per case
 //   node oracle.cjs compare EXPECTED GOT LABEL CASES   ok / not ok per group
-// PAT is "kimi" (interfaces.md 1.3, verbatim with its && classes, which the
+// PAT is "kimi" (docs/INTERFACES.md 1.3, written with its && classes, which the
 // Rust regex engine inside tiktoken understands) or "o200k" (the package's own
 // o200k_base pat_str).
 //
@@ -44,7 +44,7 @@ function o200k() {
   return require("tiktoken/encoders/o200k_base.json");
 }
 
-// The 18 strings of interfaces.md 1.7, in order.
+// The 18 strings of docs/INTERFACES.md 1.7, in order.
 const CORPUS = [
   "Hello, world! The quick brown fox jumps over 12345 lazy dogs.",
   "def main():\n    return {'a': 1}\n",
