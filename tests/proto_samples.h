@@ -2,7 +2,8 @@
  * writer (tests may not include msgpack.h, so hand-made envelopes are
  * written byte by byte), an envelope splitter/rebuilder for field mutations,
  * and one sample message of every type in several shapes. Split out of
- * test_proto.c to keep that file under the size limit of STYLE.md.
+ * test_proto.c to keep that file under the size limit of docs/ARCHITECTURE.md
+ * "Modules".
  * Uses the including file's `err` buffer. */
 #ifndef K3_TESTS_PROTO_SAMPLES_H
 #define K3_TESTS_PROTO_SAMPLES_H
