@@ -2,12 +2,12 @@
  * the tiny checkpoint. The same greedy requests run on an in-process engine
  * (--local 0) and on one with 2 local k3-worker processes and must give the
  * same ids bit for bit; requests on different session ids each keep their
- * own session (a prompt extending one session's ids prefills only the
- * tail after another session ran), the least recently used session is
- * evicted when the table is full, a request on a running session is
- * refused (K3_ERR_BUSY), prefill progress reaches the prompt's
- * length, text encodes with BOS, and a prompt longer than the requested
- * context is refused before anything runs. */
+ * own session (a prompt extending one session's ids prefills only the tail
+ * after another session ran), the least recently used session is evicted
+ * when the table is full, a request on a running session is refused
+ * (K3_ERR_BUSY), prefill progress reaches the prompt's length, text encodes
+ * with BOS, and a prompt longer than the requested context is refused
+ * before anything runs. */
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
