@@ -295,6 +295,7 @@ static k3_status sess_prefill(k3_session *s, const int32_t *ids, int n, const k3
         k3_status st = sess_step(s, ids + done, T, hk, err, errlen);
         if (st) return st;
         done += T;
+        if (hk && hk->progress) hk->progress(hk->progress_ctx, done, n);
         if (s->progress && n > 1) {
             double dt = k3_now_ms() - t0, all = k3_now_ms() - t_start;
             K3_INFO("prefill: chunk %d/%d, %d/%d tokens, %.1f ms (%.1f tok/s)", c + 1, n_chunks,

@@ -82,6 +82,10 @@ typedef struct k3_feed_hooks {
     /* Hidden state after every layer (see k3_trace_fn). */
     k3_trace_fn trace;
     void *trace_ctx;
+    /* Prefill progress: after every chunk, done of the n tokens this feed
+     * prefills (not called when nothing is prefilled). */
+    void (*progress)(void *ctx, int done, int n);
+    void *progress_ctx;
 } k3_feed_hooks;
 
 k3_status k3_session_open(k3_session **out, k3_model *m, k3_trunk *trunk,

@@ -7,10 +7,11 @@
  *   k3-coordinator tokenize ...            (coordinator/cmd_tokenize.c)
  *
  * Every setting comes from the one table below (flags, K3_* variables,
- * defaults, ranges, --help). main() validates the options, opens the model,
- * the tokenizer (when the model directory has one) and a trunk, runs one
- * generation through coordinator/generate.h and reports. Generated text
- * streams to stdout token by token; progress and timings go to stderr.
+ * defaults, ranges, --help). main() validates the options, opens the
+ * engine (coordinator/engine.h: the model, the tokenizer when the model
+ * directory has one, and a trunk), runs one generation on it and reports.
+ * Generated text streams to stdout token by token; progress and timings go
+ * to stderr.
  * Exit status: 0 done, 1 runtime error (named on stderr), 2 bad usage.
  */
 #include <errno.h>
@@ -20,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "coordinator/cluster.h"
@@ -28,13 +28,11 @@
 #include "common/ckpt/config.h"
 #include "common/engine/engine_opts.h"
 #include "common/base/err.h"
-#include "common/experts/experts.h"
 #include "common/base/limits.h"
 #include "common/base/log.h"
-#include "common/engine/model.h"
 #include "common/base/opts.h"
-#include "coordinator/sampler.h"
 #include "common/text/tokenizer.h"
+#include "coordinator/engine.h"
 #include "coordinator/generate.h"
 #include "coordinator/keygen.h"
 #include "proto/link.h"
@@ -265,7 +263,7 @@ typedef struct token_sink {
     int n, cap;
 } token_sink;
 
-/* Called by k3_generate for every sampled id, before it is fed back: the
+/* The request's on_token, for every sampled id before it is fed back: the
  * text is on stdout (flushed) as soon as the token exists. */
 static void sink_token(void *ctx, int32_t id) {
     token_sink *s = ctx;
@@ -294,7 +292,7 @@ typedef struct logits_sink {
 } logits_sink;
 
 /* A write error is remembered, not reported here (the hook cannot fail a
- * step); main() checks it after the run and fails with the file's name. */
+ * step); sinks_close checks it after the run and fails with the file's name. */
 static void sink_logits(void *ctx, int pos0, int T, int vocab, const float *logits) {
     logits_sink *s = ctx;
     (void)pos0;
@@ -334,6 +332,93 @@ static void sink_trace(void *ctx, int layer, int pos0, int T, const float *h) {
             left -= (size_t)w;
         }
     }
+}
+
+/* The output of one run: the token stream and the --all-logits / --trace
+ * files. */
+typedef struct cli_sinks {
+    token_sink tok;
+    logits_sink logits;
+    trace_sink trace;
+} cli_sinks;
+
+/* Opens the output files (before the run, so a bad path fails in
+ * milliseconds, not after a long prefill) and points req's callbacks at
+ * the sinks. */
+static k3_status sinks_open(const coord_opts *o, k3_engine *e, int n_prompt, cli_sinks *s,
+                            k3_engine_req *req, char *err, size_t errlen) {
+    const k3_config *cfg = k3_engine_config(e);
+    if (o->all_logits) {
+        s->logits.path = o->all_logits;
+        if (!(s->logits.f = fopen(o->all_logits, "wb")))
+            return k3_errf(K3_ERR_IO, err, errlen, "--all-logits %s: %s", o->all_logits,
+                           strerror(errno));
+        req->prompt_hooks.logits = sink_logits;
+        req->prompt_hooks.logits_ctx = &s->logits;
+    }
+    if (o->trace) {
+        s->trace.path = o->trace;
+        s->trace.n_layers = cfg->n_layers;
+        s->trace.T = n_prompt;
+        s->trace.D = cfg->hidden;
+        s->trace.fd = open(o->trace, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (s->trace.fd < 0)
+            return k3_errf(K3_ERR_IO, err, errlen, "--trace %s: %s", o->trace, strerror(errno));
+        req->prompt_hooks.trace = sink_trace;
+        req->prompt_hooks.trace_ctx = &s->trace;
+    }
+    s->tok.tok = k3_engine_tok(e);
+    s->tok.eos = cfg->eos;
+    s->tok.n_eos = cfg->n_eos;
+    req->on_token = sink_token;
+    req->token_ctx = &s->tok;
+    return K3_OK;
+}
+
+/* Ends the stdout output, whatever happened: the text produced so far
+ * (with any held back partial UTF-8 as U+FFFD) and the ids line, so a
+ * failure mid-generation still shows what was generated. */
+static void sinks_print(const coord_opts *o, cli_sinks *s) {
+    if (s->tok.tok) {
+        size_t len = 0;
+        const char *tail = k3_tok_stream_flush(&s->tok.stream, &len);
+        if (len) fwrite(tail, 1, len, stdout);
+    }
+    if (s->tok.n > 0 || o->print_ids) printf("\n");
+    if (o->print_ids) {
+        printf("ids:");
+        for (int i = 0; i < s->tok.n; i++) printf(" %d", (int)s->tok.ids[i]);
+        printf("\n");
+    }
+    fflush(stdout);
+}
+
+/* Closes the output files after a run; a write that failed during the run
+ * (remembered by the sink) or at close is the error, naming the file. */
+static k3_status sinks_close(cli_sinks *s, char *err, size_t errlen) {
+    if (s->logits.f) {
+        if (fclose(s->logits.f) != 0 && !s->logits.failed) s->logits.failed = errno ? errno : EIO;
+        s->logits.f = NULL;
+        if (s->logits.failed)
+            return k3_errf(K3_ERR_IO, err, errlen, "--all-logits %s: write failed: %s",
+                           s->logits.path, strerror(s->logits.failed));
+    }
+    if (s->trace.fd >= 0) {
+        if (close(s->trace.fd) != 0 && !s->trace.failed) s->trace.failed = errno;
+        s->trace.fd = -1;
+        if (s->trace.failed)
+            return k3_errf(K3_ERR_IO, err, errlen, "--trace %s: write failed: %s", s->trace.path,
+                           strerror(s->trace.failed));
+    }
+    return K3_OK;
+}
+
+/* Frees what the sinks hold; files still open (a failed run) are closed. */
+static void sinks_free(cli_sinks *s) {
+    if (s->logits.f) fclose(s->logits.f);
+    if (s->trace.fd >= 0) close(s->trace.fd);
+    k3_tok_stream_reset(&s->tok.stream);
+    free(s->tok.ids);
 }
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -376,53 +461,7 @@ static k3_status parse_ids(const char *text, int32_t **out, int *n_out, char *er
     return K3_OK;
 }
 
-static int file_exists(const char *dir, const char *name) {
-    char path[4096];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    return stat(path, &st) == 0;
-}
-
-/* Peak resident set in MiB from /proc/self/status (VmHWM), or -1. */
-static double peak_rss_mib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    double kb = -1;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
-    fclose(f);
-    return kb < 0 ? -1 : kb / 1024.0;
-}
-
-/* The trunk: in-process for --local 0, else the cluster of --workers or of
- * --local N worker processes (coordinator/cluster.h), which must agree
- * with this process's numeric settings (mo). */
-static k3_status open_trunk(const coord_opts *o, k3_model *m, const k3_model_opts *mo,
-                            k3_cluster **cl, k3_trunk **out, char *err, size_t errlen) {
-    if (o->workers.n == 0 && o->local == 0) return k3_trunk_open_inproc(out, m, err, errlen);
-    k3_cluster_opts co;
-    k3_cluster_opts_default(&co);
-    co.workers = (const char *const *)o->workers.items;
-    co.n_workers = o->workers.n;
-    co.local = o->local;
-    co.model = mo;
-    co.exact = o->eng.exact;
-    co.max_sessions = o->max_sessions;
-    co.hb_ms = o->hb_ms;
-    co.step_timeout_ms = o->step_timeout_ms;
-    co.pipe_chunk = o->pipe_chunk;
-    co.insecure = o->insecure;
-    co.curve_secret = o->curve_secret;
-    co.worker_keys = o->worker_keys;
-    if (o->trace)
-        K3_WARN("--trace with workers: only each stage's last layer is traced (use --local 0 "
-                "for every layer)");
-    k3_status st = k3_cluster_open(cl, k3_model_config(m), &co, err, errlen);
-    if (!st) st = k3_cluster_trunk(*cl, out, err, errlen);
-    return st;
-}
-
+/* The stop rule as the report names it. */
 static const char *stop_name(k3_stop s) {
     switch (s) {
     case K3_STOP_NONE: return "prefill only";
@@ -435,6 +474,91 @@ static const char *stop_name(k3_stop s) {
 
 /* ---- main --------------------------------------------------------------- */
 
+/* Parses and checks the options, and --ids into *ids [*n_ids]. Returns -1
+ * to go on, 0 after --help, 2 on bad usage (named on stderr). */
+static int parse_cli(int argc, char **argv, coord_opts *o, k3_opt_src *src, char **pos, int *n_pos,
+                     int32_t **ids, int *n_ids) {
+    char err[1024] = "";
+    memset(o, 0, sizeof *o);
+    k3_status st =
+        k3_opts_parse(coord_table, N_COORD_OPTS, o, src, argc, argv, pos, n_pos, err, sizeof err);
+    if (!st && o->help) {
+        k3_opts_help(stdout, usage_text, coord_table, N_COORD_OPTS);
+        return 0;
+    }
+    /* usage checks that need more than one option */
+    if (!st && !o->eng.model)
+        st = k3_errf(K3_ERR_ARG, err, sizeof err, "--model: missing (the checkpoint directory)");
+    if (!st && *n_pos > 1)
+        st = k3_errf(K3_ERR_ARG, err, sizeof err,
+                     "unexpected argument '%s': give one prompt (quote it)", pos[1]);
+    if (!st && *n_pos == 1 && o->ids)
+        st = k3_errf(K3_ERR_ARG, err, sizeof err, "give a prompt or --ids, not both");
+    if (!st && *n_pos == 0 && !o->ids)
+        st = k3_errf(K3_ERR_ARG, err, sizeof err, "no prompt: give a prompt text or --ids");
+    /* --exact means all-f32; an explicit conflicting flag is a mistake */
+    if (!st) st = k3_engine_opts_resolve(&o->eng, coord_table, N_COORD_OPTS, src, err, sizeof err);
+    if (!st && o->ids) st = parse_ids(o->ids, ids, n_ids, err, sizeof err);
+    if (st) {
+        fprintf(stderr, "k3-coordinator: %s\n", err);
+        return 2;
+    }
+    return -1;
+}
+
+/* The engine's settings (coordinator/engine.h) from the options: the trunk
+ * is in-process for --local 0, else the cluster of --workers or of --local
+ * N worker processes. */
+static void engine_settings(const coord_opts *o, const k3_opt_src *src, k3_engine_open_opts *eo) {
+    k3_engine_open_opts_default(eo);
+    eo->eng = &o->eng;
+    eo->bits_explicit = src[k3_opts_find(coord_table, N_COORD_OPTS, "bits")] != K3_OPT_SRC_DEFAULT;
+    eo->usage_flag = src[k3_opts_find(coord_table, N_COORD_OPTS, "usage")] == K3_OPT_SRC_FLAG;
+    k3_cluster_opts *co = &eo->cluster;
+    co->workers = (const char *const *)o->workers.items;
+    co->n_workers = o->workers.n;
+    co->local = o->local;
+    co->max_sessions = o->max_sessions;
+    co->hb_ms = o->hb_ms;
+    co->step_timeout_ms = o->step_timeout_ms;
+    co->pipe_chunk = o->pipe_chunk;
+    co->insecure = o->insecure;
+    co->curve_secret = o->curve_secret;
+    co->worker_keys = o->worker_keys;
+    eo->want_trace = o->trace != NULL;
+    eo->chunk = o->chunk;
+    eo->progress = 1;
+    eo->n_sessions = 1; /* one generation */
+}
+
+/* A model without its head (K3_LAYERS truncation) can only trace: a usage
+ * error (exit 2) for anything else. */
+static int check_head(const coord_opts *o, k3_engine *e) {
+    const k3_config *cfg = k3_engine_config(e);
+    if (cfg->n_layers == cfg->n_layers_full || (o->ngen == 0 && !o->all_logits)) return 0;
+    fprintf(stderr,
+            "k3-coordinator: K3_LAYERS=%d truncates the stack of %d layers: no head runs, so "
+            "only --trace with --ngen 0 works\n",
+            cfg->n_layers, cfg->n_layers_full);
+    return 2;
+}
+
+/* Prefill speed counts the tokens actually prefilled; decode speed the
+ * forward steps after the first sampled token (the first token's cost is
+ * the prefill's). --stats is printed whatever the log level. */
+static void report(const coord_opts *o, k3_engine *e, const k3_engine_result *er) {
+    const k3_gen_result *res = &er->gen;
+    if (res->n_prefilled > 0)
+        K3_INFO("prefill: %d tokens in %.1f ms (%.1f tok/s)", res->n_prefilled, res->prefill_ms,
+                res->prefill_ms > 0 ? res->n_prefilled * 1000.0 / res->prefill_ms : 0.0);
+    if (res->n_decode_steps > 0)
+        K3_INFO("decode: %d tokens in %.1f ms (%.2f ms/token, %.2f tok/s)", res->n_decode_steps,
+                res->decode_ms, res->decode_ms / res->n_decode_steps,
+                res->decode_ms > 0 ? res->n_decode_steps * 1000.0 / res->decode_ms : 0.0);
+    K3_INFO("generated %d tokens, stop: %s", res->n_gen, stop_name(res->stop));
+    if (o->stats) k3_engine_print_stats(e, er, stderr);
+}
+
 int main(int argc, char **argv) {
     /* subcommands first: they have their own options */
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
@@ -445,271 +569,42 @@ int main(int argc, char **argv) {
     coord_opts o;
     k3_opt_src src[N_COORD_OPTS];
     char **pos = k3_xcalloc((size_t)argc + 1, sizeof *pos);
-    int n_pos = 0, rc = 1;
-    k3_model *model = NULL;
-    k3_tok *tok = NULL;
-    k3_trunk *trunk = NULL;
-    k3_cluster *cluster = NULL;
-    k3_session *sess = NULL;
-    k3_sampler *sampler = NULL;
+    int n_pos = 0;
     int32_t *prompt = NULL;
     int n_prompt = 0;
-    token_sink tsink = {0};
-    logits_sink lsink = {0};
-    trace_sink trsink = {.fd = -1};
+    k3_engine *eng = NULL;
+    cli_sinks sinks = {.trace.fd = -1};
+    k3_engine_open_opts eo;
+    k3_engine_result res;
     k3_status st;
 
-    memset(&o, 0, sizeof o);
-    st =
-        k3_opts_parse(coord_table, N_COORD_OPTS, &o, src, argc, argv, pos, &n_pos, err, sizeof err);
-    if (!st && o.help) {
-        k3_opts_help(stdout, usage_text, coord_table, N_COORD_OPTS);
-        rc = 0;
-        goto done;
-    }
-    /* usage checks that need more than one option */
-    if (!st && !o.eng.model)
-        st = k3_errf(K3_ERR_ARG, err, sizeof err, "--model: missing (the checkpoint directory)");
-    if (!st && n_pos > 1)
-        st = k3_errf(K3_ERR_ARG, err, sizeof err,
-                     "unexpected argument '%s': give one prompt (quote it)", pos[1]);
-    if (!st && n_pos == 1 && o.ids)
-        st = k3_errf(K3_ERR_ARG, err, sizeof err, "give a prompt or --ids, not both");
-    if (!st && n_pos == 0 && !o.ids)
-        st = k3_errf(K3_ERR_ARG, err, sizeof err, "no prompt: give a prompt text or --ids");
-    /* --exact means all-f32; an explicit conflicting flag is a mistake */
-    if (!st) st = k3_engine_opts_resolve(&o.eng, coord_table, N_COORD_OPTS, src, err, sizeof err);
-    if (!st && o.ids) st = parse_ids(o.ids, &prompt, &n_prompt, err, sizeof err);
-    if (st) {
-        fprintf(stderr, "k3-coordinator: %s\n", err);
-        rc = 2;
-        goto done;
-    }
-
-    /* ---- model ----
-     * The in-process path needs every layer plus the global tensors. The
-     * cluster path will open the globals only (layer_a = n_layers). */
-    k3_model_opts mo;
-    k3_model_opts_default(&mo);
-    /* the usage history: <model>/.k3_usage unless given, "off" = none */
-    char usage_path[4200];
-    k3_engine_opts_model(&o.eng, &mo, usage_path, sizeof usage_path);
-    mo.layer_a = 0;
-    mo.layer_b = 0; /* all */
-    if (o.workers.n > 0 || o.local > 0) {
-        /* the layers run in the workers: only the global tensors here */
-        k3_config c0;
-        if ((st = k3_config_load(&c0, o.eng.model, o.eng.max_layers, err, sizeof err))) goto fail;
-        mo.layer_a = c0.n_layers;
-    }
-    mo.want_global = 1;
-    mo.bits_explicit = src[k3_opts_find(coord_table, N_COORD_OPTS, "bits")] != K3_OPT_SRC_DEFAULT;
-    /* Local workers read K3_USAGE / K3_USAGE_SAVE from the inherited
-     * environment, so a --usage flag is exported for them (no thread runs
-     * yet, setenv is safe). */
-    if (src[k3_opts_find(coord_table, N_COORD_OPTS, "usage")] == K3_OPT_SRC_FLAG)
-        setenv("K3_USAGE", mo.usage_path ? mo.usage_path : "off", 1);
-    mo.verbose = k3_log_enabled(K3_LOG_INFO); /* per-layer load lines */
-    K3_INFO("loading %s (bits %d/%d/%d, idot %d, %d threads)", o.eng.model, mo.bits, mo.mla_bits,
-            mo.head_bits, mo.idot, mo.threads);
-    double t_load = k3_now_ms();
-    if ((st = k3_model_open(&model, &mo, err, sizeof err))) goto fail;
-    const k3_config *cfg = k3_model_config(model);
-    K3_INFO("loaded %d layers in %.2f s (%.1f MiB dense weights)", cfg->n_layers,
-            (k3_now_ms() - t_load) / 1000.0,
-            (double)k3_model_resident_bytes(model) / (1024.0 * 1024.0));
-    int has_head = cfg->n_layers == cfg->n_layers_full;
-    if (!has_head && (o.ngen > 0 || o.all_logits)) {
-        st = k3_errf(K3_ERR_ARG, err, sizeof err,
-                     "K3_LAYERS=%d truncates the stack of %d layers: no head runs, so only "
-                     "--trace with --ngen 0 works",
-                     cfg->n_layers, cfg->n_layers_full);
-        fprintf(stderr, "k3-coordinator: %s\n", err);
-        rc = 2;
-        goto done;
-    }
-
-    /* ---- tokenizer and prompt ----
-     * A broken tokenizer is an error; a missing one only means ids out. */
-    if (file_exists(o.eng.model, "tiktoken.model")) {
-        if ((st = k3_tok_open_dir(&tok, o.eng.model, cfg->vocab, err, sizeof err))) goto fail;
-    } else {
-        K3_INFO("no tokenizer in %s (tiktoken.model): output is ids", o.eng.model);
-    }
-    if (!prompt) {
-        if (!tok) {
-            st = k3_errf(K3_ERR_MISSING, err, sizeof err,
-                         "text prompt given but %s has no tokenizer (tiktoken.model): use --ids",
-                         o.eng.model);
-            goto fail;
-        }
-        k3_tok_ids v = {0};
-        if (cfg->bos >= 0) k3_tok_ids_push(&v, cfg->bos);
-        /* the command line is the operator's own text: added tokens typed
-         * there ("<|open|>") are recognised (trusted encode) */
-        if ((st = k3_tok_encode(tok, pos[0], strlen(pos[0]), 1, &v, err, sizeof err))) {
-            k3_tok_ids_free(&v);
-            goto fail;
-        }
-        if (v.n > (size_t)K3_MAX_CTX) {
-            st = k3_errf(K3_ERR_LIMIT, err, sizeof err, "prompt of %zu tokens > %d (K3_MAX_CTX)",
-                         v.n, K3_MAX_CTX);
-            k3_tok_ids_free(&v);
-            goto fail;
-        }
-        n_prompt = (int)v.n;
-        prompt = k3_xmalloc((size_t)n_prompt * sizeof *prompt + 1);
-        memcpy(prompt, v.v, (size_t)n_prompt * sizeof *prompt);
-        k3_tok_ids_free(&v);
-        if (n_prompt == 0) {
-            st = k3_errf(K3_ERR_ARG, err, sizeof err,
-                         "the prompt is empty and no BOS is configured");
-            goto fail;
-        }
-    }
-
-    /* ---- session ----
-     * Context: K3_MAXT when given, else exactly prompt + ngen (the CLI's
-     * rule, docs/INTERFACES.md 3); checked here so the message names the option
-     * before any state is allocated. */
-    long long want_ctx = o.max_ctx > 0 ? o.max_ctx : (long long)n_prompt + o.ngen;
-    if (want_ctx > K3_MAX_CTX) {
-        st = k3_errf(K3_ERR_LIMIT, err, sizeof err,
-                     "context of %lld tokens (prompt %d + ngen %d) > %d (K3_MAX_CTX)", want_ctx,
-                     n_prompt, o.ngen, K3_MAX_CTX);
+    int rc = parse_cli(argc, argv, &o, src, pos, &n_pos, &prompt, &n_prompt);
+    if (rc >= 0) goto done;
+    engine_settings(&o, src, &eo);
+    if ((st = k3_engine_open(&eng, &eo, err, sizeof err))) goto fail;
+    if ((rc = check_head(&o, eng))) goto done;
+    /* a text prompt: the command line is the operator's own text, so added
+     * tokens typed there ("<|open|>") are recognised (trusted encode) */
+    if (!prompt && !k3_engine_tok(eng)) {
+        st = k3_errf(K3_ERR_MISSING, err, sizeof err,
+                     "text prompt given but %s has no tokenizer (tiktoken.model): use --ids",
+                     o.eng.model);
         goto fail;
     }
-    if (n_prompt > want_ctx) {
-        st = k3_errf(K3_ERR_LIMIT, err, sizeof err,
-                     "prompt of %d tokens is longer than the context of %lld tokens "
-                     "(--max-ctx / K3_MAXT)",
-                     n_prompt, want_ctx);
+    if (!prompt && (st = k3_engine_encode(eng, pos[0], strlen(pos[0]), 1, &prompt, &n_prompt, err,
+                                          sizeof err)))
         goto fail;
-    }
-    if ((st = open_trunk(&o, model, &mo, &cluster, &trunk, err, sizeof err))) goto fail;
-    k3_session_opts so = {.max_ctx = (int)want_ctx, .chunk = o.chunk, .progress = 1};
-    if ((st = k3_session_open(&sess, model, trunk, &so, err, sizeof err))) goto fail;
-    k3_sampler_opts smo = {.temp = o.temp, .top_p = o.top_p, .seed = (uint64_t)o.seed};
-    if (o.ngen > 0 && (st = k3_sampler_open(&sampler, &smo, cfg->vocab, err, sizeof err)))
-        goto fail;
-
-    /* ---- output files ----
-     * Opened before the run so a bad path fails in milliseconds, not after
-     * a long prefill. */
-    k3_gen_opts go = {.ngen = o.ngen,
-                      .sampler = sampler,
-                      .eos = cfg->eos,
-                      .n_eos = cfg->n_eos,
-                      .on_token = sink_token,
-                      .token_ctx = &tsink};
-    if (o.all_logits) {
-        lsink.path = o.all_logits;
-        if (!(lsink.f = fopen(o.all_logits, "wb"))) {
-            st = k3_errf(K3_ERR_IO, err, sizeof err, "--all-logits %s: %s", o.all_logits,
-                         strerror(errno));
-            goto fail;
-        }
-        go.prompt_hooks.logits = sink_logits;
-        go.prompt_hooks.logits_ctx = &lsink;
-    }
-    if (o.trace) {
-        trsink.path = o.trace;
-        trsink.n_layers = cfg->n_layers;
-        trsink.T = n_prompt;
-        trsink.D = cfg->hidden;
-        trsink.fd = open(o.trace, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (trsink.fd < 0) {
-            st = k3_errf(K3_ERR_IO, err, sizeof err, "--trace %s: %s", o.trace, strerror(errno));
-            goto fail;
-        }
-        go.prompt_hooks.trace = sink_trace;
-        go.prompt_hooks.trace_ctx = &trsink;
-    }
-    tsink.tok = tok;
-    tsink.eos = cfg->eos;
-    tsink.n_eos = cfg->n_eos;
-
-    /* ---- run ----
-     * Whatever happened, the text produced so far is flushed (with any held
-     * back partial UTF-8 as U+FFFD) and the ids line printed, so a failure
-     * mid-generation still shows what was generated. */
-    K3_INFO("prompt %d tokens, context %lld, chunk %d, %s trunk", n_prompt, want_ctx, o.chunk,
-            trunk->ops->name);
-    k3_gen_result res;
-    /* with workers, a lost worker is waited for and the session replayed */
-    st = cluster ? k3_cluster_generate(cluster, sess, prompt, n_prompt, &go, 3, 60000, &res, err,
-                                       sizeof err)
-                 : k3_generate(sess, prompt, n_prompt, &go, &res, err, sizeof err);
-    if (tok) {
-        size_t len = 0;
-        const char *tail = k3_tok_stream_flush(&tsink.stream, &len);
-        if (len) fwrite(tail, 1, len, stdout);
-    }
-    if (tsink.n > 0 || o.print_ids) printf("\n");
-    if (o.print_ids) {
-        printf("ids:");
-        for (int i = 0; i < tsink.n; i++) printf(" %d", (int)tsink.ids[i]);
-        printf("\n");
-    }
-    fflush(stdout);
-    if (st) goto fail;
-    if (lsink.f) {
-        if (fclose(lsink.f) != 0 && !lsink.failed) lsink.failed = errno ? errno : EIO;
-        lsink.f = NULL;
-        if (lsink.failed) {
-            st = k3_errf(K3_ERR_IO, err, sizeof err, "--all-logits %s: write failed: %s",
-                         lsink.path, strerror(lsink.failed));
-            goto fail;
-        }
-    }
-    if (trsink.fd >= 0) {
-        if (close(trsink.fd) != 0 && !trsink.failed) trsink.failed = errno;
-        trsink.fd = -1;
-        if (trsink.failed) {
-            st = k3_errf(K3_ERR_IO, err, sizeof err, "--trace %s: write failed: %s", trsink.path,
-                         strerror(trsink.failed));
-            goto fail;
-        }
-    }
-
-    /* ---- report ----
-     * Prefill speed counts the tokens actually prefilled; decode speed the
-     * forward steps after the first sampled token (the first token's cost is
-     * the prefill's). */
-    if (res.n_prefilled > 0)
-        K3_INFO("prefill: %d tokens in %.1f ms (%.1f tok/s)", res.n_prefilled, res.prefill_ms,
-                res.prefill_ms > 0 ? res.n_prefilled * 1000.0 / res.prefill_ms : 0.0);
-    if (res.n_decode_steps > 0)
-        K3_INFO("decode: %d tokens in %.1f ms (%.2f ms/token, %.2f tok/s)", res.n_decode_steps,
-                res.decode_ms, res.decode_ms / res.n_decode_steps,
-                res.decode_ms > 0 ? res.n_decode_steps * 1000.0 / res.decode_ms : 0.0);
-    K3_INFO("generated %d tokens, stop: %s", res.n_gen, stop_name(res.stop));
-    if (o.stats) {
-        /* asked for explicitly: printed whatever the log level */
-        fprintf(stderr,
-                "stats: compute %.1f ms, expert reads %.1f ms, %.1f MiB read, expert hits %llu, "
-                "misses %llu\n",
-                res.stats.compute_ms, res.stats.read_ms,
-                (double)res.stats.bytes_read / (1024.0 * 1024.0),
-                (unsigned long long)res.stats.expert_hits,
-                (unsigned long long)res.stats.expert_misses);
-        struct k3_experts *xs = k3_model_experts(model);
-        if (xs) { /* the in-process expert store: its read rate over the run */
-            k3_expert_stats et;
-            k3_experts_totals(xs, &et);
-            fprintf(stderr,
-                    "stats: expert store %.3f GB read at %.2f GB/s (%.1f ms with reads in "
-                    "flight, %.1f ms waited by compute), %llu hits, %llu misses\n",
-                    (double)et.bytes / 1e9, et.io_ms > 0 ? (double)et.bytes / 1e6 / et.io_ms : 0.0,
-                    et.io_ms, et.read_ms, (unsigned long long)et.hits,
-                    (unsigned long long)et.misses);
-        }
-        fprintf(stderr,
-                "stats: dense weights %.1f MiB, session state %.1f MiB, peak RSS %.1f MiB\n",
-                (double)k3_model_resident_bytes(model) / (1024.0 * 1024.0),
-                (double)k3_session_state_bytes(sess) / (1024.0 * 1024.0), peak_rss_mib());
-        if (cluster) k3_cluster_print_stats(cluster, stderr);
-    }
+    k3_engine_req req = {.session_id = 0,
+                         .prompt = prompt,
+                         .n_prompt = n_prompt,
+                         .ngen = o.ngen,
+                         .max_ctx = o.max_ctx,
+                         .sampling = {.temp = o.temp, .top_p = o.top_p, .seed = (uint64_t)o.seed}};
+    if ((st = sinks_open(&o, eng, n_prompt, &sinks, &req, err, sizeof err))) goto fail;
+    st = k3_engine_generate(eng, &req, &res, err, sizeof err);
+    sinks_print(&o, &sinks);
+    if (st || (st = sinks_close(&sinks, err, sizeof err))) goto fail;
+    report(&o, eng, &res);
     rc = 0;
     goto done;
 
@@ -717,18 +612,8 @@ fail:
     fprintf(stderr, "k3-coordinator: error: %s\n", err);
     rc = 1;
 done:
-    if (lsink.f) fclose(lsink.f);
-    if (trsink.fd >= 0) close(trsink.fd);
-    k3_tok_stream_reset(&tsink.stream);
-    free(tsink.ids);
-    k3_sampler_close(&sampler);
-    k3_session_close(&sess);
-    k3_trunk_close(&trunk);
-    k3_cluster_close(&cluster);
-    k3_tok_close(&tok);
-    if (model && k3_model_usage_save(model, err, sizeof err) != K3_OK)
-        K3_WARN("expert usage history not saved: %s", err);
-    k3_model_close(&model);
+    sinks_free(&sinks);
+    k3_engine_close(&eng);
     free(prompt);
     free(pos);
     k3_opts_free(coord_table, N_COORD_OPTS, &o);

@@ -202,50 +202,61 @@ static int parse_fault(const char *s, wk_opts *w) {
     return 0;
 }
 
-static int run(wopts *o) {
+/* The checks that need more than one option, in start-up order: required
+ * options, the layer range, the fault switch, then the transport policy
+ * (refused before anything is loaded). Returns 0 or 2 (named on stderr). */
+static int check_opts(const wopts *o, int *a, int *b, wk_opts *w) {
     char err[1024];
-    int a, b;
     if (!o->eng.model || !o->layers || !o->listen) {
         fprintf(stderr, "k3-worker: --model, --layers and --listen are required (see --help)\n");
         return 2;
     }
-    if (parse_range(o->layers, &a, &b)) {
+    if (parse_range(o->layers, a, b)) {
         fprintf(stderr, "k3-worker: --layers '%s': expected A-B with 0 <= A < B <= %d\n", o->layers,
                 K3_MAX_LAYERS);
         return 2;
     }
-    wk_opts w;
-    memset(&w, 0, sizeof w);
-    if (parse_fault(o->fault, &w)) {
+    if (parse_fault(o->fault, w)) {
         fprintf(stderr, "k3-worker: K3_WORKER_FAULT='%s': expected stall=N or nozap\n", o->fault);
         return 2;
     }
-    /* transport policy first: refuse before loading anything */
-    w.curve = o->curve_secret != NULL;
-    if (w.curve && !o->allow) {
+    w->curve = o->curve_secret != NULL;
+    if (w->curve && !o->allow) {
         fprintf(stderr, "k3-worker: --curve-secret needs --allow FILE (coordinator public keys)\n");
         return 2;
     }
-    if (!w.curve && o->allow) {
+    if (!w->curve && o->allow) {
         fprintf(stderr, "k3-worker: --allow needs --curve-secret FILE\n");
         return 2;
     }
-    if (k3_link_endpoint_policy(o->listen, w.curve, o->insecure, "k3-worker --listen", err,
+    if (k3_link_endpoint_policy(o->listen, w->curve, o->insecure, "k3-worker --listen", err,
                                 sizeof err)) {
         fprintf(stderr, "k3-worker: %s\n", err);
         return 2;
     }
-    k3_allow_list allow = {0};
-    if (w.curve) {
-        if (k3_link_secret_load(o->curve_secret, &w.kp, err, sizeof err) ||
-            k3_allow_list_load(o->allow, &allow, err, sizeof err)) {
-            fprintf(stderr, "k3-worker: %s\n", err);
-            return 1;
-        }
-        w.allow = &allow;
-        K3_INFO("CURVE server key %s; %d coordinator key(s) admitted", w.kp.public_z85, allow.n);
-    }
+    return 0;
+}
 
+/* With CURVE: our key pair into w and the admitted coordinator keys into
+ * *allow (w borrows it). Returns 0 or 1. */
+static int load_keys(const wopts *o, wk_opts *w, k3_allow_list *allow) {
+    char err[1024];
+    if (!w->curve) return 0;
+    if (k3_link_secret_load(o->curve_secret, &w->kp, err, sizeof err) ||
+        k3_allow_list_load(o->allow, allow, err, sizeof err)) {
+        fprintf(stderr, "k3-worker: %s\n", err);
+        return 1;
+    }
+    w->allow = allow;
+    K3_INFO("CURVE server key %s; %d coordinator key(s) admitted", w->kp.public_z85, allow->n);
+    return 0;
+}
+
+/* NUMA pinning, before any thread or big allocation so both land on the
+ * node; --numa-auto asks which node holds the drive of layer a. A failure
+ * is a warning: the worker serves unpinned. */
+static void pin_numa(const wopts *o, int a) {
+    char err[1024];
     int numa = o->numa;
     if (o->numa_auto && numa < 0) {
         /* the drive that holds our first layer's shard decides */
@@ -269,63 +280,74 @@ static int run(wopts *o) {
         else
             K3_INFO("pinned: %s", desc);
     }
+}
 
-    k3_model_opts mo;
-    k3_model_opts_default(&mo);
+/* Opens layers [a, b) without the global tensors into *m (options in *mo,
+ * which borrows usage_path) and fills w's fingerprint and numerics for
+ * HELLO. Returns 0 or 1. */
+static int open_layers(const wopts *o, int a, int b, k3_model_opts *mo, char *usage_path,
+                       size_t usage_cap, wk_opts *w, k3_model **m) {
+    char err[1024];
+    k3_model_opts_default(mo);
     /* the usage history: <model>/.k3_usage unless given, "off" = none; one
      * file for every worker of the model: a save merges (common/experts/experts.h) */
-    char usage_path[4200];
-    k3_engine_opts_model(&o->eng, &mo, usage_path, sizeof usage_path);
-    mo.layer_a = a;
-    mo.layer_b = b;
-    mo.want_global = 0; /* the embedding / head shard is the coordinator's */
+    k3_engine_opts_model(&o->eng, mo, usage_path, usage_cap);
+    mo->layer_a = a;
+    mo->layer_b = b;
+    mo->want_global = 0; /* the embedding / head shard is the coordinator's */
     /* --local workers get --bits only when the coordinator's was explicit
      * (coordinator/cluster_local.c), so flag and variable both count */
-    mo.bits_explicit = o->bits_explicit;
-    mo.verbose = o->verbose;
-    k3_model *m = NULL;
+    mo->bits_explicit = o->bits_explicit;
+    mo->verbose = o->verbose;
     double t0 = k3_now_s();
-    if (k3_model_open(&m, &mo, err, sizeof err)) {
+    if (k3_model_open(m, mo, err, sizeof err)) {
         fprintf(stderr, "k3-worker: %s\n", err);
-        k3_allow_list_free(&allow);
         return 1;
     }
-    const k3_config *cfg = k3_model_config(m);
-    if (k3_link_fingerprint(mo.model_dir, cfg, mo.topp, &w.fingerprint, err, sizeof err)) {
+    const k3_config *cfg = k3_model_config(*m);
+    if (k3_link_fingerprint(mo->model_dir, cfg, mo->topp, &w->fingerprint, err, sizeof err)) {
         fprintf(stderr, "k3-worker: %s\n", err);
-        k3_model_close(&m);
-        k3_allow_list_free(&allow);
         return 1;
     }
-    k3_link_numerics(&mo, o->eng.exact, &w.num);
+    k3_link_numerics(mo, o->eng.exact, &w->num);
     K3_INFO("layers [%d, %d) of %d loaded in %.2f s (%.1f MB resident, %s kernels)", a, b,
-            cfg->n_layers, k3_now_s() - t0, (double)k3_model_resident_bytes(m) / 1e6,
+            cfg->n_layers, k3_now_s() - t0, (double)k3_model_resident_bytes(*m) / 1e6,
             k3_isa_name(k3_isa_active()));
+    return 0;
+}
 
-    if (!o->no_bench) {
-        size_t got = 0;
-        int direct = 0;
-        if (wk_bench_read(mo.model_dir, mo.dirs, mo.n_dirs, a, b, (size_t)o->bench_mb << 20,
-                          &w.read_gbps, &got, &direct, err, sizeof err))
-            K3_WARN("drive benchmark failed, reporting 0 GB/s: %s", err);
-        else
-            K3_INFO("drive benchmark: %.1f MB read at %.2f GB/s (%s)", (double)got / 1e6,
-                    w.read_gbps, direct ? "O_DIRECT" : "buffered: O_DIRECT refused");
-    }
+/* The drive benchmark over the shards of [a, b): its rate goes to the
+ * coordinator in HELLO_OK (0 when skipped or failed). */
+static void bench_drives(const wopts *o, const k3_model_opts *mo, int a, int b, wk_opts *w) {
+    char err[1024];
+    if (o->no_bench) return;
+    size_t got = 0;
+    int direct = 0;
+    if (wk_bench_read(mo->model_dir, mo->dirs, mo->n_dirs, a, b, (size_t)o->bench_mb << 20,
+                      &w->read_gbps, &got, &direct, err, sizeof err))
+        K3_WARN("drive benchmark failed, reporting 0 GB/s: %s", err);
+    else
+        K3_INFO("drive benchmark: %.1f MB read at %.2f GB/s (%s)", (double)got / 1e6, w->read_gbps,
+                direct ? "O_DIRECT" : "buffered: O_DIRECT refused");
+}
 
-    w.listen = o->listen;
-    w.sock.hb_ms = o->hb_ms;
-    w.sock.linger_ms = 500; /* a SHUTDOWN's OK still leaves; SIGTERM stops within 2 s */
-    w.sock.handshake_ms = 5000;
-    w.max_sessions = o->max_sessions;
-    w.max_ctx = o->max_ctx;
-    w.max_chunk = o->max_chunk;
+/* The socket loop until SIGTERM, SIGINT or SHUTDOWN; after a clean stop the
+ * expert usage history is saved. Returns 0 or 1. */
+static int serve(const wopts *o, k3_model *m, wk_opts *w) {
+    char err[1024];
+    w->listen = o->listen;
+    w->sock.hb_ms = o->hb_ms;
+    w->sock.linger_ms = 500; /* a SHUTDOWN's OK still leaves; SIGTERM stops within 2 s */
+    w->sock.handshake_ms = 5000;
+    w->max_sessions = o->max_sessions;
+    w->max_ctx = o->max_ctx;
+    w->max_chunk = o->max_chunk;
     if (o->name) {
-        snprintf(w.name, sizeof w.name, "%s", o->name);
+        snprintf(w->name, sizeof w->name, "%s", o->name);
     } else {
         char host[128] = "?";
         gethostname(host, sizeof host - 1);
-        snprintf(w.name, sizeof w.name, "%s:%d", host, (int)getpid());
+        snprintf(w->name, sizeof w->name, "%s:%d", host, (int)getpid());
     }
     /* SIGTERM / SIGINT stop the loop from here on; before, while loading,
      * their default action ends the process at once (nothing to flush).
@@ -336,16 +358,38 @@ static int run(wopts *o) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    int rc = 0;
-    if (wk_serve(m, &w, &g_stop, err, sizeof err)) {
+    if (wk_serve(m, w, &g_stop, err, sizeof err)) {
         fprintf(stderr, "k3-worker: %s\n", err);
-        rc = 1;
-    } else if (k3_model_usage_save(m, err, sizeof err)) { /* a clean stop */
+        return 1;
+    }
+    if (k3_model_usage_save(m, err, sizeof err)) /* a clean stop */
         K3_WARN("expert usage history not saved: %s", err);
+    return 0;
+}
+
+/* Start-up in order (see the top of this file), then serving. */
+static int run(const wopts *o) {
+    int a = 0, b = 0;
+    wk_opts w;
+    memset(&w, 0, sizeof w);
+    int rc = check_opts(o, &a, &b, &w);
+    if (rc) return rc;
+    k3_allow_list allow = {0};
+    k3_model_opts mo;
+    char usage_path[4200];
+    k3_model *m = NULL;
+    rc = load_keys(o, &w, &allow);
+    if (!rc) {
+        pin_numa(o, a);
+        rc = open_layers(o, a, b, &mo, usage_path, sizeof usage_path, &w, &m);
+    }
+    if (!rc) {
+        bench_drives(o, &mo, a, b, &w);
+        rc = serve(o, m, &w);
     }
     k3_model_close(&m);
     k3_allow_list_free(&allow);
-    memset(&w.kp, 0, sizeof w.kp);
+    memset(&w.kp, 0, sizeof w.kp); /* the secret key leaves no copy behind */
     return rc;
 }
 
