@@ -18,7 +18,6 @@
 #include "common/engine/model.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,15 +32,14 @@
 
 struct k3_model {
     k3_config cfg;
-    k3_model_opts opts;      /* copy; model_dir / dirs pointers not used after open */
-    st_index *idx;           /* owned */
-    char prefix[32];         /* "" or "language_model." */
-    int layer_a, layer_b;    /* [a, b) */
-    k3_layer_w *layers;      /* [b - a], owned */
-    k3_experts *experts;     /* owned; NULL when the range has no MoE layer */
-    char *usage_path;        /* owned copy of opts.usage_path, NULL = no history */
-    k3_pool *pool;           /* owned */
-    pthread_mutex_t compute; /* one forward/head at a time on the pool */
+    k3_model_opts opts;   /* copy; model_dir / dirs pointers not used after open */
+    st_index *idx;        /* owned */
+    char prefix[32];      /* "" or "language_model." */
+    int layer_a, layer_b; /* [a, b) */
+    k3_layer_w *layers;   /* [b - a], owned */
+    k3_experts *experts;  /* owned; NULL when the range has no MoE layer */
+    char *usage_path;     /* owned copy of opts.usage_path, NULL = no history */
+    k3_pool *pool;        /* owned; shared by every forward and head (pool.h turns) */
     /* global tensors (want_global) */
     int has_global;
     const st_tensor *embed; /* [vocab][D] BF16/F16/F32, rows read on demand */
@@ -697,7 +695,6 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
 
     k3_model *m = k3_xcalloc(1, sizeof *m);
     m->opts = *opts;
-    pthread_mutex_init(&m->compute, NULL);
     double t0 = k3_now_s();
     k3_status st = k3_config_load(&m->cfg, opts->model_dir, opts->max_layers, err, errlen);
     if (st != K3_OK) goto fail;
@@ -779,7 +776,6 @@ void k3_model_close(k3_model **mp) {
     free(m->usage_path);
     k3_pool_close(&m->pool);
     st_close(&m->idx);
-    pthread_mutex_destroy(&m->compute);
     free(m);
     *mp = NULL;
 }
@@ -807,8 +803,6 @@ struct k3_experts *k3_model_experts(k3_model *m) {
 }
 int k3_model_idot(const k3_model *m) { return m->opts.idot; }
 double k3_model_topp(const k3_model *m) { return m->opts.topp; }
-void k3_model_lock(k3_model *m) { pthread_mutex_lock(&m->compute); }
-void k3_model_unlock(k3_model *m) { pthread_mutex_unlock(&m->compute); }
 
 /* ---- embedding and head ---- */
 
@@ -873,11 +867,8 @@ k3_status k3_model_head(k3_model *m, const float *blocks, int nb, const float *h
         k3_attnres_mix(ent, nb + 1, m->w_out, D, m->cfg.eps, xt);
         k3_rmsnorm(xt, xt, m->final_norm, D, m->cfg.eps);
     }
-    /* the pool serves one caller at a time (pool.h): the same lock as a
-     * forward step */
-    k3_model_lock(m);
+    /* concurrent heads and forwards take turns on the pool job by job */
     k3_qmat_matmul(&m->lm_head, x, n, logits, m->pool); /* [n][vocab] */
-    k3_model_unlock(m);
     free(x);
     return K3_OK;
 }
