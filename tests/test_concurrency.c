@@ -241,7 +241,7 @@ static void test_sessions(const char *tiny) {
                        : "ok");
 
     /* free running, several rounds: forwards and heads race */
-    int ok = 1, rounds = 4;
+    int ok = 1, rounds = 8;
     atomic_store(&g_peak, 0);
     for (int round = 0; round < rounds && ok; round++) {
         sess_run fr[2];
