@@ -5,9 +5,9 @@
  *     layer 0 of its first chunk, that is inside k3_stage_forward with the
  *     rest of its layers still to run; thread B then starts session 2 and
  *     must run its whole first forward, every layer, before A goes on. The
- *     hooks' timestamps show B's layers inside A's parked interval. A lock
- *     held across a forward (as k3_model_lock once was) makes B wait for A:
- *     A's wait times out after OVERLAP_WAIT_S and the check fails, nothing
+ *     hooks' timestamps show B's layers inside A's parked interval. Any
+ *     model-wide lock held across a forward makes B wait for A: A's wait
+ *     then times out after OVERLAP_WAIT_S and the check fails, nothing
  *     hangs;
  *   - free running: both sessions again with no rendezvous, several chunks
  *     each, forwards and heads racing on the shared pool and the expert
