@@ -406,7 +406,7 @@ static k3_status add_common_jobs(loader *ld, k3_layer_w *lw, layer_tmp *tmp) {
 }
 
 /* KDA: q/k/v/g/o in K3_BITS; the decay bottleneck, beta and all vectors stay
- * f32 (spec 4.2); conv taps [P, 1, K], oldest first. */
+ * f32 (docs/MODEL.md 4.2); conv taps [P, 1, K], oldest first. */
 static k3_status add_kda_jobs(loader *ld, k3_kda_w *w, layer_tmp *tmp) {
     const k3_config *c = &ld->m->cfg;
     int D = c->hidden, P = c->kda_proj, H = c->kda_heads, hd = c->kda_hd, bits = ld->m->opts.bits;
@@ -427,7 +427,7 @@ static k3_status add_kda_jobs(loader *ld, k3_kda_w *w, layer_tmp *tmp) {
     TRY(add_vec(ld, lname(ld, "self_attn.v_conv1d.weight", name, sizeof name), 3, conv_shape,
                 &w->conv_v));
     TRY(layer_vec(ld, "self_attn.dt_bias", P, &w->dt_bias));
-    /* A_log is stored [kda_hd] but means one value per head (spec 7.1) */
+    /* A_log is stored [kda_hd] but means one value per head (docs/MODEL.md 7.1) */
     TRY(layer_vec(ld, "self_attn.A_log", hd, &tmp->a_log));
     return layer_vec(ld, "self_attn.o_norm.weight", hd, &w->o_norm);
 }
