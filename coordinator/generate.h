@@ -16,8 +16,10 @@
  * interchangeable under one session and give the same bits.
  *
  * Threads: a session is used by one thread at a time; different sessions
- * may run concurrently when their trunk allows it (the in-process trunk
- * does: see stage.h).
+ * may run concurrently from different threads on one model and trunk. Both
+ * trunks allow it: in-process their forwards and heads overlap on the
+ * model's pool, taking turns job by job (stage.h, model.h "Threads"); on a
+ * cluster their steps interleave on the workers (cluster.h).
  */
 #ifndef K3_GENERATE_H
 #define K3_GENERATE_H

@@ -10,6 +10,15 @@
  * have to wake at all for a job the others finish first, so a short job
  * costs no futex round trip.
  *
+ * Several threads may call k3_pool_run on one pool (sessions running on one
+ * model): they take turns job by job in arrival order through a ticket lock
+ * (turn_next / turn_now), spinning briefly and then sleeping in futex like
+ * the workers. A job's publication words are written only by the caller
+ * holding the turn. FIFO turns keep two callers' jobs alternating; with a
+ * plain mutex the thread that just released it would usually take it back
+ * before the sleeper woke, and the other session would stall until the
+ * first left the pool for longer than a wake-up.
+ *
  * Hot words sit on their own 64-byte lines (no false sharing between the
  * caller's publication and the workers' counters). All hand-offs go through
  * C11 atomics with acquire/release (the futex is only a sleep), which keeps
@@ -38,11 +47,11 @@
 #define POOL_SPIN_NS 50000
 
 struct k3_pool {
-    /* written by the caller only (before publishing the ticket) */
+    /* written by the caller holding the turn only (before publishing the ticket) */
     _Alignas(64) _Atomic(k3_pool_fn) fn;
     _Atomic(void *) ctx;
     atomic_int n_tasks;
-    uint32_t gen_next;  /* caller-private: generation of the next job */
+    uint32_t gen_next;  /* turn holder's: generation of the next job */
     int n_threads;      /* total, caller included */
     int n_started;      /* worker threads actually created */
     pthread_t *threads; /* [n_threads - 1], owned */
@@ -53,8 +62,18 @@ struct k3_pool {
     _Alignas(64) atomic_int sleepers;     /* workers blocked in futex(gen) */
     atomic_int caller_waiting;            /* caller blocked in futex(done) */
     atomic_int stop;                      /* set by k3_pool_close */
-    atomic_int busy;                      /* guard: one k3_pool_run at a time */
+
+    /* callers' turns: a caller takes ticket turn_next++ and runs its job
+     * when turn_now reaches it; turn_now is also the futex word they sleep on */
+    _Alignas(64) atomic_uint turn_next;
+    _Alignas(64) atomic_uint turn_now;
+    atomic_int turn_sleepers; /* callers blocked in futex(turn_now) */
 };
+
+/* The pool whose job this thread is running tasks of (a worker: its own pool
+ * for life; a caller: while its job runs), NULL otherwise. A task that calls
+ * back into that pool would wait for the turn its own job holds. */
+static _Thread_local const k3_pool *tl_pool;
 
 static void futex_wait(void *addr, uint32_t expect) {
     /* EAGAIN (value changed) and EINTR both just send us back to re-check. */
@@ -109,6 +128,7 @@ static void pool_work(k3_pool *p, uint32_t gen) {
 static void *pool_worker(void *arg) {
     k3_pool *p = arg;
     uint32_t seen = 0; /* generation of the last job this thread looked at */
+    tl_pool = p;
     for (;;) {
         uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g == seen) {
@@ -175,6 +195,36 @@ void k3_pool_close(k3_pool **pool) {
 
 int k3_pool_threads(const k3_pool *pool) { return pool ? pool->n_threads : 1; }
 
+/* Waits for this caller's turn: a ticket, then spin, then sleep until
+ * turn_now reaches it. The acquire load pairs with turn_end's release, so
+ * the previous holder's writes (gen_next, the job words) are visible. */
+static void turn_begin(k3_pool *p) {
+    uint32_t mine = atomic_fetch_add_explicit(&p->turn_next, 1, memory_order_relaxed);
+    uint32_t now = atomic_load_explicit(&p->turn_now, memory_order_acquire);
+    if (now == mine) return;
+    int64_t t0 = mono_ns();
+    for (int i = 1; now != mine; i++) {
+        cpu_relax();
+        now = atomic_load_explicit(&p->turn_now, memory_order_acquire);
+        if ((i & 63) == 0 && mono_ns() - t0 > POOL_SPIN_NS) break;
+    }
+    if (now == mine) return;
+    /* Dekker with turn_end: sleepers++ then re-read turn_now, versus
+     * turn_now++ then read sleepers (all seq_cst): one side sees the other. */
+    atomic_fetch_add_explicit(&p->turn_sleepers, 1, memory_order_seq_cst);
+    while ((now = atomic_load_explicit(&p->turn_now, memory_order_seq_cst)) != mine)
+        futex_wait(&p->turn_now, now);
+    atomic_fetch_sub_explicit(&p->turn_sleepers, 1, memory_order_relaxed);
+}
+
+/* Passes the turn to the next ticket. Every sleeper wakes and re-checks:
+ * sleepers are the callers queued behind this one (a handful at most). */
+static void turn_end(k3_pool *p) {
+    atomic_fetch_add_explicit(&p->turn_now, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&p->turn_sleepers, memory_order_seq_cst) > 0)
+        futex_wake(&p->turn_now, INT_MAX);
+}
+
 void k3_pool_run(k3_pool *pool, k3_pool_fn fn, void *ctx, int n_tasks) {
     if (n_tasks <= 0) return;
     if (!pool || pool->n_threads == 1 || n_tasks == 1) {
@@ -182,9 +232,12 @@ void k3_pool_run(k3_pool *pool, k3_pool_fn fn, void *ctx, int n_tasks) {
         return;
     }
     k3_pool *p = pool;
-    /* A second caller (or a task calling back into its own pool) would
-     * corrupt the job in flight: refuse loudly. */
-    K3_ASSERT(atomic_exchange_explicit(&p->busy, 1, memory_order_acquire) == 0);
+    /* A task calling back into its own pool would wait forever for the turn
+     * its job holds: refuse loudly. */
+    K3_ASSERT(tl_pool != p);
+    turn_begin(p);
+    const k3_pool *outer = tl_pool; /* a task of another pool's job may call us */
+    tl_pool = p;
 
     uint32_t gen = p->gen_next++;
     if (gen == 0) gen = p->gen_next++; /* 0 is the workers' initial "seen" */
@@ -218,5 +271,6 @@ void k3_pool_run(k3_pool *pool, k3_pool_fn fn, void *ctx, int n_tasks) {
             futex_wait(&p->done, (uint32_t)d);
         atomic_store_explicit(&p->caller_waiting, 0, memory_order_relaxed);
     }
-    atomic_store_explicit(&p->busy, 0, memory_order_release);
+    tl_pool = outer;
+    turn_end(p);
 }

@@ -7,7 +7,15 @@
  * defined, so fn must make each task's result independent of the others'
  * timing: kernels split rows, never a single sum, and so results are the same
  * bits whatever the thread count. A NULL pool runs the tasks serially on the
- * caller. Only one thread may call k3_pool_run on a given pool at a time.
+ * caller.
+ *
+ * Threads: any number of threads may call k3_pool_run on one pool at once.
+ * The pool runs one job at a time: concurrent callers take turns job by job,
+ * first come first served, each waiting (spin, then futex sleep) while
+ * another's job runs; an uncontended turn costs two atomic operations. So
+ * the callers' jobs interleave and what they do between jobs runs in
+ * parallel. A task must not call k3_pool_run on its own pool (asserted: it
+ * would wait for the turn its own job holds); calling another pool is fine.
  */
 #ifndef K3_POOL_H
 #define K3_POOL_H

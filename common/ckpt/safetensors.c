@@ -954,94 +954,75 @@ static const char *bad_file_name(const char *v) {
     return NULL;
 }
 
-/* Reads <model_dir>/model.safetensors.index.json if it exists. */
-static k3_status read_index_json(st_index *idx, char *err, size_t errlen) {
-    size_t pl = strlen(idx->model_dir) + sizeof ST_INDEX_FILE + 1;
-    char *path = k3_xmalloc(pl);
-    snprintf(path, pl, "%s/%s", idx->model_dir, ST_INDEX_FILE);
-    k3_status st = K3_OK;
-    char *buf = NULL;
-    json_t *root = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        if (errno != ENOENT)
-            st = k3_errf(K3_ERR_IO, err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        free(path);
-        return st;
-    }
+/* Reads the whole of fd (the regular file at path, at most
+ * K3_MAX_INDEX_BYTES) into *buf (owned by the caller, also on failure). */
+static k3_status read_index_bytes(const char *path, int fd, char **buf, size_t *n_out, char *err,
+                                  size_t errlen) {
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = k3_errf(K3_ERR_IO, err, errlen, "%s: not a regular file", path);
-        goto done;
-    }
-    if ((unsigned long long)sb.st_size > K3_MAX_INDEX_BYTES) {
-        st = k3_errf(K3_ERR_LIMIT, err, errlen, "%s: %lld bytes > limit %u (K3_MAX_INDEX_BYTES)",
-                     path, (long long)sb.st_size, K3_MAX_INDEX_BYTES);
-        goto done;
-    }
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return k3_errf(K3_ERR_IO, err, errlen, "%s: not a regular file", path);
+    if ((unsigned long long)sb.st_size > K3_MAX_INDEX_BYTES)
+        return k3_errf(K3_ERR_LIMIT, err, errlen, "%s: %lld bytes > limit %u (K3_MAX_INDEX_BYTES)",
+                       path, (long long)sb.st_size, K3_MAX_INDEX_BYTES);
     size_t n = (size_t)sb.st_size, got = 0;
-    buf = malloc(n ? n : 1);
-    if (!buf) {
-        st = k3_errf(K3_ERR_NOMEM, err, errlen, "%s: cannot allocate %zu bytes", path, n);
-        goto done;
-    }
+    *buf = malloc(n ? n : 1);
+    if (!*buf) return k3_errf(K3_ERR_NOMEM, err, errlen, "%s: cannot allocate %zu bytes", path, n);
     while (got < n) {
-        ssize_t r = pread(fd, buf + got, n - got, (off_t)got);
+        ssize_t r = pread(fd, *buf + got, n - got, (off_t)got);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) break;
         got += (size_t)r;
     }
-    if (got != n) {
-        st = k3_errf(K3_ERR_IO, err, errlen, "%s: short read: got %zu of %zu bytes", path, got, n);
-        goto done;
-    }
-    json_error_t jerr;
-    root = json_loadb(buf, n, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        st = k3_errf(K3_ERR_FORMAT, err, errlen, "%s: invalid JSON at line %d column %d: %s", path,
-                     jerr.line, jerr.column, jerr.text);
-        goto done;
-    }
-    json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
-    if (!json_is_object(wm)) {
-        st = k3_errf(K3_ERR_FORMAT, err, errlen, "%s: no \"weight_map\" object", path);
-        goto done;
-    }
+    if (got != n)
+        return k3_errf(K3_ERR_IO, err, errlen, "%s: short read: got %zu of %zu bytes", path, got,
+                       n);
+    *n_out = n;
+    return K3_OK;
+}
+
+/* Checks the weight_map object before anything is kept: at most
+ * K3_ST_MAX_TENSORS entries, keys of 1..K3_ST_MAX_NAME bytes, every value a
+ * bare shard file name. */
+static k3_status check_weight_map(const char *path, json_t *wm, char *err, size_t errlen) {
     size_t count = json_object_size(wm);
-    if (count > K3_ST_MAX_TENSORS) {
-        st = k3_errf(K3_ERR_LIMIT, err, errlen,
-                     "%s: weight_map has %zu entries > limit %d (K3_ST_MAX_TENSORS)", path, count,
-                     K3_ST_MAX_TENSORS);
-        goto done;
-    }
-    /* Validate every value before keeping anything. */
+    if (count > K3_ST_MAX_TENSORS)
+        return k3_errf(K3_ERR_LIMIT, err, errlen,
+                       "%s: weight_map has %zu entries > limit %d (K3_ST_MAX_TENSORS)", path, count,
+                       K3_ST_MAX_TENSORS);
     const char *k;
     json_t *v;
     json_object_foreach(wm, k, v) {
         const char *why =
             !json_is_string(v) ? "is not a string" : bad_file_name(json_string_value(v));
         size_t kl = strlen(k);
-        if (why) {
-            st = k3_errf(K3_ERR_FORMAT, err, errlen,
-                         "%s: weight_map['%.128s'] = '%.256s' %s; only bare shard file names "
-                         "are allowed",
-                         path, k, json_is_string(v) ? json_string_value(v) : "?", why);
-            goto done;
-        }
-        if (kl == 0 || kl > K3_ST_MAX_NAME) {
-            st = k3_errf(K3_ERR_LIMIT, err, errlen,
-                         "%s: weight_map key of %zu bytes outside 1..%d (K3_ST_MAX_NAME)", path, kl,
-                         K3_ST_MAX_NAME);
-            goto done;
-        }
+        if (why)
+            return k3_errf(K3_ERR_FORMAT, err, errlen,
+                           "%s: weight_map['%.128s'] = '%.256s' %s; only bare shard file names "
+                           "are allowed",
+                           path, k, json_is_string(v) ? json_string_value(v) : "?", why);
+        if (kl == 0 || kl > K3_ST_MAX_NAME)
+            return k3_errf(K3_ERR_LIMIT, err, errlen,
+                           "%s: weight_map key of %zu bytes outside 1..%d (K3_ST_MAX_NAME)", path,
+                           kl, K3_ST_MAX_NAME);
     }
-    /* Every count below is bounded by count <= K3_ST_MAX_TENSORS, but the
-     * sizes still come from the file: allocation failures are reported. At
-     * most count distinct file names, so those arrays are sized once. */
+    return K3_OK;
+}
+
+/* Keeps a checked weight_map in idx: the keys, the distinct file names and
+ * each one's shard (-1 when no drive has it). Every count
+ * is bounded by the entries (<= K3_ST_MAX_TENSORS), but the sizes still
+ * come from the file: allocation failures are reported. At most that many
+ * distinct file names, so those arrays are sized once. What was kept before
+ * a failure is freed by st_close. */
+static k3_status keep_weight_map(st_index *idx, const char *path, json_t *wm, char *err,
+                                 size_t errlen) {
+    size_t count = json_object_size(wm);
     idx->map_keys = calloc(count ? count : 1, sizeof *idx->map_keys);
     idx->map_files = calloc(count ? count : 1, sizeof *idx->map_files);
     idx->map_file_shard = calloc(count ? count : 1, sizeof *idx->map_file_shard);
     if (!idx->map_keys || !idx->map_files || !idx->map_file_shard) goto nomem;
+    const char *k;
+    json_t *v;
     json_object_foreach(wm, k, v) {
         const char *file = json_string_value(v);
         int f = strtab_get(&idx->map_file_tab, file);
@@ -1058,10 +1039,40 @@ static k3_status read_index_json(st_index *idx, char *err, size_t errlen) {
         if (strtab_put(&idx->map, key, f)) goto nomem;
     }
     idx->has_map = 1;
-    goto done;
+    return K3_OK;
 nomem:
-    st = k3_errf(K3_ERR_NOMEM, err, errlen, "%s: out of memory", path);
-done:
+    return k3_errf(K3_ERR_NOMEM, err, errlen, "%s: out of memory", path);
+}
+
+/* Reads <model_dir>/model.safetensors.index.json if it exists. */
+static k3_status read_index_json(st_index *idx, char *err, size_t errlen) {
+    size_t pl = strlen(idx->model_dir) + sizeof ST_INDEX_FILE + 1;
+    char *path = k3_xmalloc(pl);
+    snprintf(path, pl, "%s/%s", idx->model_dir, ST_INDEX_FILE);
+    k3_status st = K3_OK;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno != ENOENT)
+            st = k3_errf(K3_ERR_IO, err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        free(path);
+        return st;
+    }
+    char *buf = NULL;
+    size_t n = 0;
+    json_t *root = NULL;
+    st = read_index_bytes(path, fd, &buf, &n, err, errlen);
+    if (st == K3_OK) {
+        json_error_t jerr;
+        root = json_loadb(buf, n, JSON_REJECT_DUPLICATES, &jerr);
+        if (!root)
+            st = k3_errf(K3_ERR_FORMAT, err, errlen, "%s: invalid JSON at line %d column %d: %s",
+                         path, jerr.line, jerr.column, jerr.text);
+    }
+    json_t *wm = root && json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
+    if (st == K3_OK && !json_is_object(wm))
+        st = k3_errf(K3_ERR_FORMAT, err, errlen, "%s: no \"weight_map\" object", path);
+    if (st == K3_OK) st = check_weight_map(path, wm, err, errlen);
+    if (st == K3_OK) st = keep_weight_map(idx, path, wm, err, errlen);
     json_decref(root);
     free(buf);
     close(fd);

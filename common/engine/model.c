@@ -1,4 +1,4 @@
-/* common/engine/model.c: loading Kimi K3 weights for a layer range (docs/MODEL.md 2, 4.2).
+/* common/engine/model.c: loading Kimi K3 weights for a layer range (spec 2, 4.2).
  *
  * Per layer the loader first looks up every tensor it needs and validates
  * dtype and shape against the config (serially: st_find parses shard
@@ -8,7 +8,7 @@
  * (AttnRes w = norm * proj, A = exp(A_log[h])). MoE layers also get their
  * expert table (common/experts/experts.c).
  *
- * Formats (docs/MODEL.md 4.2): K3_BITS for KDA q/k/v/g/o, latent down/up, shared
+ * Formats (spec 4.2): K3_BITS for KDA q/k/v/g/o, latent down/up, shared
  * experts and the dense MLP; K3_MLA_BITS for the MLA projections including
  * its o/g; K3_HEAD_BITS for lm_head; everything else f32. A repacked
  * container's U8 tensor with a .qs sidecar is taken as prepared int8 or
@@ -18,7 +18,6 @@
 #include "common/engine/model.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,15 +32,14 @@
 
 struct k3_model {
     k3_config cfg;
-    k3_model_opts opts;      /* copy; model_dir / dirs pointers not used after open */
-    st_index *idx;           /* owned */
-    char prefix[32];         /* "" or "language_model." */
-    int layer_a, layer_b;    /* [a, b) */
-    k3_layer_w *layers;      /* [b - a], owned */
-    k3_experts *experts;     /* owned; NULL when the range has no MoE layer */
-    char *usage_path;        /* owned copy of opts.usage_path, NULL = no history */
-    k3_pool *pool;           /* owned */
-    pthread_mutex_t compute; /* one forward/head at a time on the pool */
+    k3_model_opts opts;   /* copy; model_dir / dirs pointers not used after open */
+    st_index *idx;        /* owned */
+    char prefix[32];      /* "" or "language_model." */
+    int layer_a, layer_b; /* [a, b) */
+    k3_layer_w *layers;   /* [b - a], owned */
+    k3_experts *experts;  /* owned; NULL when the range has no MoE layer */
+    char *usage_path;     /* owned copy of opts.usage_path, NULL = no history */
+    k3_pool *pool;        /* owned; shared by every forward and head (pool.h turns) */
     /* global tensors (want_global) */
     int has_global;
     const st_tensor *embed; /* [vocab][D] BF16/F16/F32, rows read on demand */
@@ -181,7 +179,7 @@ static k3_status layer_vec(loader *ld, const char *suffix, int64_t n, float **ds
 }
 
 /* A [rows][cols] matrix in `bits` (>= 32: f32). A U8 tensor with a .qs
- * sidecar is a prepared container matrix (docs/MODEL.md 2.3). `class_bits` says
+ * sidecar is a prepared container matrix (spec 2.3). `class_bits` says
  * whether the matrix belongs to the K3_BITS class (explicit 4 downcasts). */
 static k3_status add_mat(loader *ld, const char *name, int rows, int cols, int bits, int class_bits,
                          k3_qmat *dst) {
@@ -385,16 +383,124 @@ static size_t qmat_bytes(const k3_qmat *q) { return q->rows ? k3_qmat_bytes(q) :
         if (st_ != K3_OK) return st_;                                                              \
     } while (0)
 
+/* The loaded-then-folded vectors of a layer: read by the jobs, combined into
+ * the layer's weights by fold_layer, then freed (on failure too). */
+typedef struct layer_tmp {
+    float *an, *ap; /* self_attention_res_norm [D], _proj [1, D] */
+    float *mn, *mp; /* mlp_res_norm [D], _proj [1, D] */
+    float *a_log;   /* KDA A_log [kda_hd] */
+} layer_tmp;
+
+/* Every layer: the two norms and the AttnRes (norm, [1, D] proj) pairs. */
+static k3_status add_common_jobs(loader *ld, k3_layer_w *lw, layer_tmp *tmp) {
+    int D = ld->m->cfg.hidden;
+    int64_t row_d[2] = {1, D};
+    char name[K3_ST_MAX_NAME];
+    TRY(layer_vec(ld, "input_layernorm.weight", D, &lw->in_norm));
+    TRY(layer_vec(ld, "post_attention_layernorm.weight", D, &lw->post_norm));
+    TRY(layer_vec(ld, "self_attention_res_norm.weight", D, &tmp->an));
+    TRY(add_vec(ld, lname(ld, "self_attention_res_proj.weight", name, sizeof name), 2, row_d,
+                &tmp->ap));
+    TRY(layer_vec(ld, "mlp_res_norm.weight", D, &tmp->mn));
+    return add_vec(ld, lname(ld, "mlp_res_proj.weight", name, sizeof name), 2, row_d, &tmp->mp);
+}
+
+/* KDA: q/k/v/g/o in K3_BITS; the decay bottleneck, beta and all vectors stay
+ * f32 (docs/MODEL.md 4.2); conv taps [P, 1, K], oldest first. */
+static k3_status add_kda_jobs(loader *ld, k3_kda_w *w, layer_tmp *tmp) {
+    const k3_config *c = &ld->m->cfg;
+    int D = c->hidden, P = c->kda_proj, H = c->kda_heads, hd = c->kda_hd, bits = ld->m->opts.bits;
+    int64_t conv_shape[3] = {P, 1, c->conv_k};
+    char name[K3_ST_MAX_NAME];
+    TRY(layer_mat(ld, "self_attn.q_proj.weight", P, D, bits, 1, &w->q));
+    TRY(layer_mat(ld, "self_attn.k_proj.weight", P, D, bits, 1, &w->k));
+    TRY(layer_mat(ld, "self_attn.v_proj.weight", P, D, bits, 1, &w->v));
+    TRY(layer_mat(ld, "self_attn.g_proj.weight", P, D, bits, 1, &w->g));
+    TRY(layer_mat(ld, "self_attn.o_proj.weight", D, P, bits, 1, &w->o));
+    TRY(layer_mat(ld, "self_attn.f_a_proj.weight", hd, D, 32, 0, &w->f_a));
+    TRY(layer_mat(ld, "self_attn.f_b_proj.weight", P, hd, 32, 0, &w->f_b));
+    TRY(layer_mat(ld, "self_attn.b_proj.weight", H, D, 32, 0, &w->b));
+    TRY(add_vec(ld, lname(ld, "self_attn.q_conv1d.weight", name, sizeof name), 3, conv_shape,
+                &w->conv_q));
+    TRY(add_vec(ld, lname(ld, "self_attn.k_conv1d.weight", name, sizeof name), 3, conv_shape,
+                &w->conv_k));
+    TRY(add_vec(ld, lname(ld, "self_attn.v_conv1d.weight", name, sizeof name), 3, conv_shape,
+                &w->conv_v));
+    TRY(layer_vec(ld, "self_attn.dt_bias", P, &w->dt_bias));
+    /* A_log is stored [kda_hd] but means one value per head (docs/MODEL.md 7.1) */
+    TRY(layer_vec(ld, "self_attn.A_log", hd, &tmp->a_log));
+    return layer_vec(ld, "self_attn.o_norm.weight", hd, &w->o_norm);
+}
+
+/* Gated MLA: every matrix in K3_MLA_BITS, o/g included. */
+static k3_status add_mla_jobs(loader *ld, k3_mla_w *w) {
+    const k3_config *c = &ld->m->cfg;
+    int D = c->hidden, HM = c->n_heads, mb = ld->m->opts.mla_bits;
+    TRY(layer_mat(ld, "self_attn.q_a_proj.weight", c->q_lora, D, mb, 0, &w->q_a));
+    TRY(layer_vec(ld, "self_attn.q_a_layernorm.weight", c->q_lora, &w->q_a_norm));
+    TRY(layer_mat(ld, "self_attn.q_b_proj.weight", HM * c->qk_head, c->q_lora, mb, 0, &w->q_b));
+    TRY(layer_mat(ld, "self_attn.kv_a_proj_with_mqa.weight", c->kv_lora + c->qk_rope, D, mb, 0,
+                  &w->kv_a));
+    TRY(layer_vec(ld, "self_attn.kv_a_layernorm.weight", c->kv_lora, &w->kv_a_norm));
+    TRY(layer_mat(ld, "self_attn.kv_b_proj.weight", HM * (c->qk_nope + c->v_head), c->kv_lora, mb,
+                  0, &w->kv_b));
+    TRY(layer_mat(ld, "self_attn.g_proj.weight", HM * c->v_head, D, mb, 0, &w->g));
+    return layer_mat(ld, "self_attn.o_proj.weight", D, HM * c->v_head, mb, 0, &w->o);
+}
+
+/* LatentMoE: f32 router + bias; latent and shared in K3_BITS; the routed
+ * experts are not loaded here (load_layer reads their table after). */
+static k3_status add_moe_jobs(loader *ld, k3_moe_w *w) {
+    const k3_config *c = &ld->m->cfg;
+    int D = c->hidden, LT = c->latent, S = c->shared_inter, bits = ld->m->opts.bits;
+    TRY(layer_mat(ld, "block_sparse_moe.gate.weight", c->n_experts, D, 32, 0, &w->router));
+    TRY(layer_vec(ld, "block_sparse_moe.gate.e_score_correction_bias", c->n_experts, &w->bias));
+    TRY(layer_mat(ld, "block_sparse_moe.routed_expert_down_proj.weight", LT, D, bits, 1,
+                  &w->lat_down));
+    TRY(layer_mat(ld, "block_sparse_moe.routed_expert_up_proj.weight", D, LT, bits, 1, &w->lat_up));
+    TRY(layer_vec(ld, "block_sparse_moe.routed_expert_norm.weight", LT, &w->lat_norm));
+    TRY(layer_mat(ld, "block_sparse_moe.shared_experts.gate_proj.weight", S, D, bits, 1,
+                  &w->sh_gate));
+    TRY(layer_mat(ld, "block_sparse_moe.shared_experts.up_proj.weight", S, D, bits, 1, &w->sh_up));
+    return layer_mat(ld, "block_sparse_moe.shared_experts.down_proj.weight", D, S, bits, 1,
+                     &w->sh_down);
+}
+
+/* The dense SiTU MLP (layers < first_k_dense_replace), K3_BITS. */
+static k3_status add_dense_jobs(loader *ld, k3_dense_w *w) {
+    int D = ld->m->cfg.hidden, I = ld->m->cfg.dense_inter, bits = ld->m->opts.bits;
+    TRY(layer_mat(ld, "mlp.gate_proj.weight", I, D, bits, 1, &w->gate));
+    TRY(layer_mat(ld, "mlp.up_proj.weight", I, D, bits, 1, &w->up));
+    return layer_mat(ld, "mlp.down_proj.weight", D, I, bits, 1, &w->down);
+}
+
+/* Folds once what the forward pass wants folded: the AttnRes weights
+ * w = norm * proj (float product) and, for KDA, A[h] = exp(A_log[h]) for
+ * the first kda_heads entries only. */
+static void fold_layer(const k3_config *c, k3_layer_w *lw, const layer_tmp *tmp) {
+    int D = c->hidden, H = c->kda_heads;
+    lw->w_attn_res = k3_xmalloc(sizeof(float) * (size_t)D);
+    lw->w_mlp_res = k3_xmalloc(sizeof(float) * (size_t)D);
+    for (int d = 0; d < D; d++) {
+        lw->w_attn_res[d] = tmp->an[d] * tmp->ap[d];
+        lw->w_mlp_res[d] = tmp->mn[d] * tmp->mp[d];
+    }
+    if (lw->is_kda) {
+        lw->kda.A = k3_xmalloc(sizeof(float) * (size_t)H);
+        for (int h = 0; h < H; h++) lw->kda.A[h] = expf(tmp->a_log[h]);
+    }
+}
+
 /* Loads layer i: phase 1 finds and validates every tensor (serial, so the
- * error for the first bad tensor is deterministic), phase 2 reads and
- * converts them in parallel, phase 3 folds. On failure whatever was loaded
- * stays in the layer struct and is freed by k3_model_close. */
+ * error for the first bad tensor is deterministic: the add_*_jobs in
+ * checkpoint order, stopping at the first failure), phase 2 reads and
+ * converts them in parallel, phase 3 folds, then the expert table. On
+ * failure whatever was loaded stays in the layer struct and is freed by
+ * k3_model_close. */
 static k3_status load_layer(loader *ld, int i) {
     k3_model *m = ld->m;
     const k3_config *c = &m->cfg;
     k3_layer_w *lw = &m->layers[i - m->layer_a];
-    int D = c->hidden, P = c->kda_proj, H = c->kda_heads, hd = c->kda_hd, K = c->conv_k;
-    int bits = m->opts.bits, mb = m->opts.mla_bits;
     lw->layer = i;
     lw->is_kda = c->is_kda[i];
     lw->is_moe = c->is_moe[i];
@@ -402,113 +508,18 @@ static k3_status load_layer(loader *ld, int i) {
     snprintf(ld->lp, sizeof ld->lp, "%smodel.layers.%d.", m->prefix, i);
     ld->n_jobs = 0;
 
-    /* temporaries folded below (freed here on success and failure alike) */
-    float *an = NULL, *ap = NULL, *mn = NULL, *mp = NULL, *a_log = NULL;
-    k3_status st = K3_OK;
-#define STEP(x)                                                                                    \
-    do {                                                                                           \
-        if (st == K3_OK) st = (x);                                                                 \
-    } while (0)
-    int64_t row_d[2] = {1, D};
-    char name[K3_ST_MAX_NAME];
-    /* every layer: norms and the AttnRes pair (norm, [1, D] proj) twice */
-    STEP(layer_vec(ld, "input_layernorm.weight", D, &lw->in_norm));
-    STEP(layer_vec(ld, "post_attention_layernorm.weight", D, &lw->post_norm));
-    STEP(layer_vec(ld, "self_attention_res_norm.weight", D, &an));
-    STEP(
-        add_vec(ld, lname(ld, "self_attention_res_proj.weight", name, sizeof name), 2, row_d, &ap));
-    STEP(layer_vec(ld, "mlp_res_norm.weight", D, &mn));
-    STEP(add_vec(ld, lname(ld, "mlp_res_proj.weight", name, sizeof name), 2, row_d, &mp));
-
-    if (lw->is_kda) {
-        /* KDA: q/k/v/g/o in K3_BITS; the decay bottleneck, beta and all
-         * vectors stay f32 (docs/MODEL.md 4.2); conv taps [P, 1, K], oldest first */
-        k3_kda_w *w = &lw->kda;
-        int64_t conv_shape[3] = {P, 1, K};
-        STEP(layer_mat(ld, "self_attn.q_proj.weight", P, D, bits, 1, &w->q));
-        STEP(layer_mat(ld, "self_attn.k_proj.weight", P, D, bits, 1, &w->k));
-        STEP(layer_mat(ld, "self_attn.v_proj.weight", P, D, bits, 1, &w->v));
-        STEP(layer_mat(ld, "self_attn.g_proj.weight", P, D, bits, 1, &w->g));
-        STEP(layer_mat(ld, "self_attn.o_proj.weight", D, P, bits, 1, &w->o));
-        STEP(layer_mat(ld, "self_attn.f_a_proj.weight", hd, D, 32, 0, &w->f_a));
-        STEP(layer_mat(ld, "self_attn.f_b_proj.weight", P, hd, 32, 0, &w->f_b));
-        STEP(layer_mat(ld, "self_attn.b_proj.weight", H, D, 32, 0, &w->b));
-        STEP(add_vec(ld, lname(ld, "self_attn.q_conv1d.weight", name, sizeof name), 3, conv_shape,
-                     &w->conv_q));
-        STEP(add_vec(ld, lname(ld, "self_attn.k_conv1d.weight", name, sizeof name), 3, conv_shape,
-                     &w->conv_k));
-        STEP(add_vec(ld, lname(ld, "self_attn.v_conv1d.weight", name, sizeof name), 3, conv_shape,
-                     &w->conv_v));
-        STEP(layer_vec(ld, "self_attn.dt_bias", P, &w->dt_bias));
-        /* A_log is stored [kda_hd] but means one value per head (docs/MODEL.md 7.1) */
-        STEP(layer_vec(ld, "self_attn.A_log", hd, &a_log));
-        STEP(layer_vec(ld, "self_attn.o_norm.weight", hd, &w->o_norm));
-    } else {
-        /* gated MLA: every matrix in K3_MLA_BITS, o/g included */
-        k3_mla_w *w = &lw->mla;
-        int HM = c->n_heads;
-        STEP(layer_mat(ld, "self_attn.q_a_proj.weight", c->q_lora, D, mb, 0, &w->q_a));
-        STEP(layer_vec(ld, "self_attn.q_a_layernorm.weight", c->q_lora, &w->q_a_norm));
-        STEP(
-            layer_mat(ld, "self_attn.q_b_proj.weight", HM * c->qk_head, c->q_lora, mb, 0, &w->q_b));
-        STEP(layer_mat(ld, "self_attn.kv_a_proj_with_mqa.weight", c->kv_lora + c->qk_rope, D, mb, 0,
-                       &w->kv_a));
-        STEP(layer_vec(ld, "self_attn.kv_a_layernorm.weight", c->kv_lora, &w->kv_a_norm));
-        STEP(layer_mat(ld, "self_attn.kv_b_proj.weight", HM * (c->qk_nope + c->v_head), c->kv_lora,
-                       mb, 0, &w->kv_b));
-        STEP(layer_mat(ld, "self_attn.g_proj.weight", HM * c->v_head, D, mb, 0, &w->g));
-        STEP(layer_mat(ld, "self_attn.o_proj.weight", D, HM * c->v_head, mb, 0, &w->o));
-    }
-
-    if (lw->is_moe) {
-        /* LatentMoE: f32 router + bias; latent and shared in K3_BITS; the
-         * routed experts are not loaded (expert table below) */
-        k3_moe_w *w = &lw->moe;
-        int LT = c->latent, S = c->shared_inter;
-        STEP(layer_mat(ld, "block_sparse_moe.gate.weight", c->n_experts, D, 32, 0, &w->router));
-        STEP(
-            layer_vec(ld, "block_sparse_moe.gate.e_score_correction_bias", c->n_experts, &w->bias));
-        STEP(layer_mat(ld, "block_sparse_moe.routed_expert_down_proj.weight", LT, D, bits, 1,
-                       &w->lat_down));
-        STEP(layer_mat(ld, "block_sparse_moe.routed_expert_up_proj.weight", D, LT, bits, 1,
-                       &w->lat_up));
-        STEP(layer_vec(ld, "block_sparse_moe.routed_expert_norm.weight", LT, &w->lat_norm));
-        STEP(layer_mat(ld, "block_sparse_moe.shared_experts.gate_proj.weight", S, D, bits, 1,
-                       &w->sh_gate));
-        STEP(layer_mat(ld, "block_sparse_moe.shared_experts.up_proj.weight", S, D, bits, 1,
-                       &w->sh_up));
-        STEP(layer_mat(ld, "block_sparse_moe.shared_experts.down_proj.weight", D, S, bits, 1,
-                       &w->sh_down));
-    } else {
-        /* dense SiTU MLP (layers < first_k_dense_replace), K3_BITS */
-        k3_dense_w *w = &lw->dense;
-        int I = c->dense_inter;
-        STEP(layer_mat(ld, "mlp.gate_proj.weight", I, D, bits, 1, &w->gate));
-        STEP(layer_mat(ld, "mlp.up_proj.weight", I, D, bits, 1, &w->up));
-        STEP(layer_mat(ld, "mlp.down_proj.weight", D, I, bits, 1, &w->down));
-    }
-    STEP(run_jobs(ld));
-#undef STEP
-
-    if (st == K3_OK) {
-        /* fold the AttnRes weights once: w = norm * proj (float product) */
-        lw->w_attn_res = k3_xmalloc(sizeof(float) * (size_t)D);
-        lw->w_mlp_res = k3_xmalloc(sizeof(float) * (size_t)D);
-        for (int d = 0; d < D; d++) {
-            lw->w_attn_res[d] = an[d] * ap[d];
-            lw->w_mlp_res[d] = mn[d] * mp[d];
-        }
-        if (lw->is_kda) {
-            /* A[h] = exp(A_log[h]) for the first kda_heads entries only */
-            lw->kda.A = k3_xmalloc(sizeof(float) * (size_t)H);
-            for (int h = 0; h < H; h++) lw->kda.A[h] = expf(a_log[h]);
-        }
-    }
-    free(an);
-    free(ap);
-    free(mn);
-    free(mp);
-    free(a_log);
+    layer_tmp tmp = {0};
+    k3_status st = add_common_jobs(ld, lw, &tmp);
+    if (st == K3_OK)
+        st = lw->is_kda ? add_kda_jobs(ld, &lw->kda, &tmp) : add_mla_jobs(ld, &lw->mla);
+    if (st == K3_OK) st = lw->is_moe ? add_moe_jobs(ld, &lw->moe) : add_dense_jobs(ld, &lw->dense);
+    if (st == K3_OK) st = run_jobs(ld);
+    if (st == K3_OK) fold_layer(c, lw, &tmp);
+    free(tmp.an);
+    free(tmp.ap);
+    free(tmp.mn);
+    free(tmp.mp);
+    free(tmp.a_log);
     if (st != K3_OK) return st;
 
     /* the expert table: sizes validated now, bytes read on first use */
@@ -614,7 +625,7 @@ static k3_status load_global(loader *ld) {
     return st;
 }
 
-/* Probes the tensor-name prefix (docs/MODEL.md 2.1) on this range's first layer, not
+/* Probes the tensor-name prefix (spec 2.1) on this range's first layer, not
  * on layer 0 as st_prefix() does: with an index.json, looking up another
  * worker's layer would open that worker's shard. */
 static k3_status probe_prefix(k3_model *m, char *err, size_t errlen) {
@@ -642,7 +653,7 @@ static k3_status probe_prefix(k3_model *m, char *err, size_t errlen) {
 
 /* ---- expert usage history ---- */
 
-/* Loads the history (refusing another model's, docs/MODEL.md 5.5) and warms the
+/* Loads the history (refusing another model's, spec 5) and warms the
  * cache with each layer's hottest experts; once the tables are loaded. */
 static k3_status usage_start(k3_model *m, char *err, size_t errlen) {
     m->usage_path = k3_xstrdup(m->opts.usage_path);
@@ -686,7 +697,7 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
     if (!(opts->expert_gb >= 0.0) || opts->expert_gb > 1e6)
         return k3_errf(K3_ERR_ARG, err, errlen, "model: expert cache %g GB outside [0, 1e6]",
                        opts->expert_gb);
-    /* only the formats of docs/MODEL.md 4.2 exist: int4-g64, int8 per-row, f32 */
+    /* only the formats of spec 4.2 exist: int4-g64, int8 per-row, f32 */
     static const int ok_bits[] = {4, 8, 32};
     const int *bv[3] = {&opts->bits, &opts->mla_bits, &opts->head_bits};
     static const char *const bn[3] = {"K3_BITS", "K3_MLA_BITS", "K3_HEAD_BITS"};
@@ -697,7 +708,6 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
 
     k3_model *m = k3_xcalloc(1, sizeof *m);
     m->opts = *opts;
-    pthread_mutex_init(&m->compute, NULL);
     double t0 = k3_now_s();
     k3_status st = k3_config_load(&m->cfg, opts->model_dir, opts->max_layers, err, errlen);
     if (st != K3_OK) goto fail;
@@ -779,7 +789,6 @@ void k3_model_close(k3_model **mp) {
     free(m->usage_path);
     k3_pool_close(&m->pool);
     st_close(&m->idx);
-    pthread_mutex_destroy(&m->compute);
     free(m);
     *mp = NULL;
 }
@@ -807,8 +816,6 @@ struct k3_experts *k3_model_experts(k3_model *m) {
 }
 int k3_model_idot(const k3_model *m) { return m->opts.idot; }
 double k3_model_topp(const k3_model *m) { return m->opts.topp; }
-void k3_model_lock(k3_model *m) { pthread_mutex_lock(&m->compute); }
-void k3_model_unlock(k3_model *m) { pthread_mutex_unlock(&m->compute); }
 
 /* ---- embedding and head ---- */
 
@@ -826,7 +833,7 @@ k3_status k3_model_embed(k3_model *m, const int32_t *ids, int T, float *h, char 
             return k3_errf(K3_ERR_ARG, err, errlen,
                            "embed: token id %d at position %d outside the vocabulary [0, %d)",
                            ids[t], t, m->cfg.vocab);
-    /* one pread per row: the embedding is never resident (docs/MODEL.md 2.2) */
+    /* one pread per row: the embedding is never resident (spec 2.2) */
     size_t es = st_dtype_size(m->embed->dtype), rb = es * (size_t)D;
     unsigned char *row = k3_xmalloc(rb);
     k3_status st = K3_OK;
@@ -873,11 +880,8 @@ k3_status k3_model_head(k3_model *m, const float *blocks, int nb, const float *h
         k3_attnres_mix(ent, nb + 1, m->w_out, D, m->cfg.eps, xt);
         k3_rmsnorm(xt, xt, m->final_norm, D, m->cfg.eps);
     }
-    /* the pool serves one caller at a time (pool.h): the same lock as a
-     * forward step */
-    k3_model_lock(m);
+    /* concurrent heads and forwards take turns on the pool job by job */
     k3_qmat_matmul(&m->lm_head, x, n, logits, m->pool); /* [n][vocab] */
-    k3_model_unlock(m);
     free(x);
     return K3_OK;
 }

@@ -8,8 +8,17 @@
  * expert table (shard, offset, size per expert, validated at open) used by
  * the expert store (common/experts/experts.h).
  * Borrows: nothing after open; the safetensors index is owned by the model.
- * Threads: read-only after k3_model_open, so any number of sessions/threads
- * may run on it at once; the expert store inside is internally locked.
+ * Threads: the weights are read-only after k3_model_open; the two things a
+ * forward or head shares beyond them synchronize themselves: the compute
+ * pool (common/base/pool.h: concurrent callers take turns job by job) and
+ * the expert store (a mutex per MoE layer; sessions on the same layer share
+ * its slots, experts.h). Nothing model-wide is held for a whole call, so any
+ * number of threads may run k3_model_embed, k3_stage_forward and
+ * k3_model_head at once on different states, at the same or different
+ * layers: their matmuls and per-head loops interleave on the pool, and the
+ * rest (norms, AttnRes mixes, routing, expert reads and the waits for them)
+ * runs in parallel; the bits do not depend on the overlap.
+ * k3_model_open, k3_model_close and k3_model_usage_save run alone.
  *
  * A worker opens [a, b) without want_global: it never opens the embedding /
  * head shard (with an index.json present, only the shards holding its layers
@@ -67,6 +76,7 @@ void k3_model_close(k3_model **m);
 
 const k3_config *k3_model_config(const k3_model *m);
 void k3_model_range(const k3_model *m, int *layer_a, int *layer_b);
+/* The compute pool every forward and head of the model runs its jobs on. */
 k3_pool *k3_model_pool(k3_model *m);
 /* Fingerprint of geometry + tensor index (names, shapes, dtypes of the
  * tensors this process loaded) + numeric settings, for HELLO checks. */
@@ -102,9 +112,5 @@ const struct k3_layer_w *k3_model_layer(const k3_model *m, int layer);
 struct k3_experts *k3_model_experts(k3_model *m);
 int k3_model_idot(const k3_model *m);
 double k3_model_topp(const k3_model *m);
-/* The model's pool serves one forward (or head) at a time: calls on
- * different states serialise here. */
-void k3_model_lock(k3_model *m);
-void k3_model_unlock(k3_model *m);
 
 #endif

@@ -275,7 +275,6 @@ k3_status k3_stage_forward(k3_model *m, k3_state *s, int pos0, int T, float *blo
 
     /* ---- the layers, in order ---- */
     k3_status st = K3_OK;
-    k3_model_lock(m);
     for (int i = s->layer_a; i < s->layer_b; i++) {
         if (s->cancel && *s->cancel) {
             st = k3_errf(K3_ERR_CANCEL, err, errlen, "stage: cancelled before layer %d", i);
@@ -288,7 +287,6 @@ k3_status k3_stage_forward(k3_model *m, k3_state *s, int pos0, int T, float *blo
         }
         if (trace) trace(trace_ctx, i, pos0, T, h);
     }
-    k3_model_unlock(m);
     if (st != K3_OK) {
         s->broken = 1; /* earlier layers already advanced their state */
         return st;

@@ -17,8 +17,12 @@
  * deduplicated over the chunk and applied in disk-offset order, recurrences
  * sequential per token. Results are bit-identical for every T split.
  *
- * Threads: one call at a time per k3_state; different states may run
- * concurrently on the same model (each call uses the model's pool).
+ * Threads: one call at a time per k3_state; calls on different states may
+ * run at once from different threads on the same model, at the same or at
+ * different layers. A forward holds no model-wide lock: its pool jobs take
+ * turns with the other callers' job by job and its MoE layers share the
+ * expert store's slots (model.h "Threads"), so the sessions make progress
+ * together, and each gets the bits it gets alone.
  */
 #ifndef K3_STAGE_H
 #define K3_STAGE_H

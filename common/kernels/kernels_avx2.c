@@ -233,10 +233,10 @@ AVX2_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int 
         k3_lane_tree8x2(a0[i][j], a1[i][j]);
 }
 
-/* One out-of-line function per (kind, R, T), compiled with R and T constant
- * so the accumulators stay in registers. */
-typedef void (*tile_fn)(const void *mat, int r, const float *x, float *out);
-
+/* The tile table k3_tiles_run (kernels_isa.h) walks: one out-of-line
+ * function per (kind, R, T), compiled with R and T constant so the
+ * accumulators stay in registers; the 10 shapes with R x T <= 6, the
+ * others NULL. */
 #define TILE_FNS(NAME, CALL)                                                                       \
     TILE_FN(NAME, CALL, 1, 1)                                                                      \
     TILE_FN(NAME, CALL, 1, 2)                                                                      \
@@ -248,7 +248,7 @@ typedef void (*tile_fn)(const void *mat, int r, const float *x, float *out);
     TILE_FN(NAME, CALL, 3, 1)                                                                      \
     TILE_FN(NAME, CALL, 3, 2)                                                                      \
     TILE_FN(NAME, CALL, 4, 1)                                                                      \
-    static const tile_fn NAME##_fns[4][4] = {                                                      \
+    static const k3_tile_fn NAME##_fns[4][4] = {                                                   \
         {NAME##_1_1, NAME##_1_2, NAME##_1_3, NAME##_1_4},                                          \
         {NAME##_2_1, NAME##_2_2, NAME##_2_3, NULL},                                                \
         {NAME##_3_1, NAME##_3_2, NULL, NULL},                                                      \
@@ -268,50 +268,14 @@ TILE_FNS(ti4, CALL_I4)
 TILE_FNS(tmx, CALL_MX)
 #undef TILE_FN
 
-/* Walks rows [r0, r1) in blocks of rb and tokens in tiles of tb. A shape
- * without a compiled tile runs as single rows (same bits). row_scale: the
- * int8 per-row scale applied last, or NULL. */
-static void tiles_run(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows, int cols,
-                      const float *x, int n, float *y, int r0, int r1, const float *row_scale) {
-    float out[16];
-    for (int r = r0; r < r1; r += rb) {
-        const int R = r1 - r < rb ? r1 - r : rb;
-        for (int t = 0; t < n; t += tb) {
-            const int T = n - t < tb ? n - t : tb;
-            const float *xt = x + (size_t)t * cols;
-            if (fns[R - 1][T - 1])
-                fns[R - 1][T - 1](mat, r, xt, out);
-            else
-                for (int i = 0; i < R; i++) fns[0][T - 1](mat, r + i, xt, out + i * T);
-            for (int i = 0; i < R; i++)
-                for (int j = 0; j < T; j++) {
-                    const float v = out[i * T + j];
-                    y[(size_t)(t + j) * rows + r + i] = row_scale ? v * row_scale[r + i] : v;
-                }
-        }
-    }
-}
-
 static void avx2_f32_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    tiles_run(tf32_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1, NULL);
+    k3_tiles_run(tf32_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1,
+                 NULL);
 }
 
 static void avx2_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    tiles_run(ti8_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1,
-              m->scales);
-}
-
-/* MXFP4 exact-float: activations permuted into per-thread scratch, in
- * token chunks that keep it under K3_KERN_SCRATCH_MAX. */
-static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows,
-                        int cols, const float *x, int n, float *y, int r0, int r1) {
-    const int tch = k3_kern_chunk(n, (size_t)cols * sizeof(float));
-    float *xp = k3_kern_scratch((size_t)tch * cols * sizeof(float));
-    for (int t0 = 0; t0 < n; t0 += tch) {
-        const int tn = n - t0 < tch ? n - t0 : tch;
-        perm_nibble_order(x + (size_t)t0 * cols, (size_t)tn * cols, xp);
-        tiles_run(fns, rb, tb, mat, rows, cols, xp, tn, y + (size_t)t0 * rows, r0, r1, NULL);
-    }
+    k3_tiles_run(ti8_fns, n == 1 ? 4 : 2, n == 1 ? 1 : 3, m, m->rows, m->cols, x, n, y, r0, r1,
+                 m->scales);
 }
 
 /* The fixed-point lane scaling of kernels.c per dword, from mb = the bits
@@ -405,8 +369,8 @@ static AVX2_FN void avx2_i4x_group(const float *x, k3_i4x_block *blk, int h) {
 
 /* int4: one token chunk in the fixed-point order (k3_i4_rows_chunked) */
 static void avx2_i4_chunk(const k3_qmat *m, const float *xp, int tn, float *y, int r0, int r1) {
-    tiles_run(ti4_fns, tn == 1 ? 3 : 1, tn == 1 ? 1 : 3, m, m->rows, (int)k3_i4_xld(m->cols), xp,
-              tn, y, r0, r1, NULL);
+    k3_tiles_run(ti4_fns, tn == 1 ? 3 : 1, tn == 1 ? 1 : 3, m, m->rows, (int)k3_i4_xld(m->cols), xp,
+                 tn, y, r0, r1, NULL);
 }
 
 static void avx2_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
@@ -414,7 +378,8 @@ static void avx2_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int 
 }
 
 static void avx2_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
-    nibble_rows(tmx_fns, n == 1 ? 2 : 1, n == 1 ? 1 : 4, w, w->rows, w->cols, x, n, y, r0, r1);
+    k3_nibble_rows(tmx_fns, perm_nibble_order, n == 1 ? 2 : 1, n == 1 ? 1 : 4, w, w->rows, w->cols,
+                   x, n, y, r0, r1);
 }
 
 /* ---- integer-dot: MXFP4 experts and the opt-in dense int8 / int4 ----

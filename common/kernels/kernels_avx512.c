@@ -244,8 +244,9 @@ Z_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int R, 
         k3_lane_tree16(acc[i][j]);
 }
 
-typedef void (*tile_fn)(const void *mat, int r, const float *x, float *out);
-
+/* The tile table k3_tiles_run (kernels_isa.h) walks: one out-of-line
+ * function per (kind, R, T), compiled with R and T constant so the
+ * accumulators stay in registers; every shape up to 4 x 4. */
 #define TILE_FNS(NAME, CALL)                                                                       \
     TILE_FN(NAME, CALL, 1, 1)                                                                      \
     TILE_FN(NAME, CALL, 1, 2)                                                                      \
@@ -263,7 +264,7 @@ typedef void (*tile_fn)(const void *mat, int r, const float *x, float *out);
     TILE_FN(NAME, CALL, 4, 2)                                                                      \
     TILE_FN(NAME, CALL, 4, 3)                                                                      \
     TILE_FN(NAME, CALL, 4, 4)                                                                      \
-    static const tile_fn NAME##_fns[4][4] = {                                                      \
+    static const k3_tile_fn NAME##_fns[4][4] = {                                                   \
         {NAME##_1_1, NAME##_1_2, NAME##_1_3, NAME##_1_4},                                          \
         {NAME##_2_1, NAME##_2_2, NAME##_2_3, NAME##_2_4},                                          \
         {NAME##_3_1, NAME##_3_2, NAME##_3_3, NAME##_3_4},                                          \
@@ -283,44 +284,12 @@ TILE_FNS(zi4, CALL_I4)
 TILE_FNS(zmx, CALL_MX)
 #undef TILE_FN
 
-/* Rows [r0, r1) in blocks of rb, tokens in tiles of tb (every shape up to
- * 4 x 4 is compiled). row_scale: the int8 per-row scale applied last. */
-static void tiles_run(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows, int cols,
-                      const float *x, int n, float *y, int r0, int r1, const float *row_scale) {
-    float out[16];
-    for (int r = r0; r < r1; r += rb) {
-        const int R = r1 - r < rb ? r1 - r : rb;
-        for (int t = 0; t < n; t += tb) {
-            const int T = n - t < tb ? n - t : tb;
-            fns[R - 1][T - 1](mat, r, x + (size_t)t * cols, out);
-            for (int i = 0; i < R; i++)
-                for (int j = 0; j < T; j++) {
-                    const float v = out[i * T + j];
-                    y[(size_t)(t + j) * rows + r + i] = row_scale ? v * row_scale[r + i] : v;
-                }
-        }
-    }
-}
-
 static void z_f32_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    tiles_run(zf32_fns, 4, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, NULL);
+    k3_tiles_run(zf32_fns, 4, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, NULL);
 }
 
 static void z_i8_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
-    tiles_run(zq8_fns, 4, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, m->scales);
-}
-
-/* MXFP4 exact-float: activations permuted into per-thread scratch, in
- * token chunks that keep it under K3_KERN_SCRATCH_MAX. */
-static void nibble_rows(const tile_fn fns[4][4], int rb, int tb, const void *mat, int rows,
-                        int cols, const float *x, int n, float *y, int r0, int r1) {
-    const int tch = k3_kern_chunk(n, (size_t)cols * sizeof(float));
-    float *xp = k3_kern_scratch((size_t)tch * cols * sizeof(float));
-    for (int t0 = 0; t0 < n; t0 += tch) {
-        const int tn = n - t0 < tch ? n - t0 : tch;
-        perm_nibble_order(x + (size_t)t0 * cols, (size_t)tn * cols, xp);
-        tiles_run(fns, rb, tb, mat, rows, cols, xp, tn, y + (size_t)t0 * rows, r0, r1, NULL);
-    }
+    k3_tiles_run(zq8_fns, 4, n == 1 ? 1 : 4, m, m->rows, m->cols, x, n, y, r0, r1, m->scales);
 }
 
 /* The fixed-point lane scaling of kernels.c per dword, from mb = the bits
@@ -408,8 +377,8 @@ static Z_FN void z_i4x_group(const float *x, k3_i4x_block *blk, int h) {
 
 /* int4: one token chunk in the fixed-point order (k3_i4_rows_chunked) */
 static void z_i4_chunk(const k3_qmat *m, const float *xp, int tn, float *y, int r0, int r1) {
-    tiles_run(zi4_fns, tn == 1 ? 4 : 2, tn == 1 ? 1 : 4, m, m->rows, (int)k3_i4_xld(m->cols), xp,
-              tn, y, r0, r1, NULL);
+    k3_tiles_run(zi4_fns, tn == 1 ? 4 : 2, tn == 1 ? 1 : 4, m, m->rows, (int)k3_i4_xld(m->cols), xp,
+                 tn, y, r0, r1, NULL);
 }
 
 static void z_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0, int r1) {
@@ -417,7 +386,8 @@ static void z_i4_rows(const k3_qmat *m, const float *x, int n, float *y, int r0,
 }
 
 static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0, int r1) {
-    nibble_rows(zmx_fns, n == 1 ? 4 : 3, n == 1 ? 1 : 4, w, w->rows, w->cols, x, n, y, r0, r1);
+    k3_nibble_rows(zmx_fns, perm_nibble_order, n == 1 ? 4 : 3, n == 1 ? 1 : 4, w, w->rows, w->cols,
+                   x, n, y, r0, r1);
 }
 
 /* ---- MXFP4 integer-dot, 16 rows per block ---- */

@@ -130,4 +130,58 @@ static inline int k3_kern_chunk(int n, size_t bytes_per_token) {
     return c < 1 ? 1 : c < (size_t)n ? (int)c : n;
 }
 
+/* ---- the float-activation tile walk of the vector levels ---- */
+
+/* A tile: rows [r, r + R) of mat times the T tokens at x (token stride: the
+ * cols given to k3_tiles_run) into out [R][T]. A level compiles one
+ * out-of-line function per (kind, R, T) with R and T constant, so the
+ * accumulators stay in registers, and hands k3_tiles_run the table of them
+ * by [R - 1][T - 1], NULL for a shape it did not compile. */
+typedef void (*k3_tile_fn)(const void *mat, int r, const float *x, float *out);
+
+/* Walks rows [r0, r1) in blocks of rb and tokens in tiles of tb (both <= 4),
+ * one indirect call per tile. A shape without a compiled tile runs as single
+ * rows, fns[0][T - 1] (same bits: a tile's rows are independent).
+ * row_scale: the int8 per-row scale applied last, or NULL. */
+static inline void k3_tiles_run(const k3_tile_fn fns[4][4], int rb, int tb, const void *mat,
+                                int rows, int cols, const float *x, int n, float *y, int r0, int r1,
+                                const float *row_scale) {
+    float out[16];
+    for (int r = r0; r < r1; r += rb) {
+        const int R = r1 - r < rb ? r1 - r : rb;
+        for (int t = 0; t < n; t += tb) {
+            const int T = n - t < tb ? n - t : tb;
+            const float *xt = x + (size_t)t * cols;
+            if (fns[R - 1][T - 1])
+                fns[R - 1][T - 1](mat, r, xt, out);
+            else
+                for (int i = 0; i < R; i++) fns[0][T - 1](mat, r + i, xt, out + i * T);
+            for (int i = 0; i < R; i++)
+                for (int j = 0; j < T; j++) {
+                    const float v = out[i * T + j];
+                    y[(size_t)(t + j) * rows + r + i] = row_scale ? v * row_scale[r + i] : v;
+                }
+        }
+    }
+}
+
+/* A level's permutation of count floats of MXFP4 activations into the
+ * order its nibble tiles read them. */
+typedef void (*k3_perm_fn)(const float *x, size_t count, float *xp);
+
+/* MXFP4 exact-float rows: activations permuted by perm into per-thread
+ * scratch, in token chunks that keep it under K3_KERN_SCRATCH_MAX, then
+ * k3_tiles_run per chunk. */
+static inline void k3_nibble_rows(const k3_tile_fn fns[4][4], k3_perm_fn perm, int rb, int tb,
+                                  const void *mat, int rows, int cols, const float *x, int n,
+                                  float *y, int r0, int r1) {
+    const int tch = k3_kern_chunk(n, (size_t)cols * sizeof(float));
+    float *xp = k3_kern_scratch((size_t)tch * cols * sizeof(float));
+    for (int t0 = 0; t0 < n; t0 += tch) {
+        const int tn = n - t0 < tch ? n - t0 : tch;
+        perm(x + (size_t)t0 * cols, (size_t)tn * cols, xp);
+        k3_tiles_run(fns, rb, tb, mat, rows, cols, xp, tn, y + (size_t)t0 * rows, r0, r1, NULL);
+    }
+}
+
 #endif

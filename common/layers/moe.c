@@ -134,6 +134,7 @@ size_t k3_moe_scratch_bytes(const k3_config *c, int T) {
            + k3_arena_round(t * Lt) + k3_arena_round(sizeof(float) * t * Lt / 32) /* zqg zsg */
            + expert_scratch_bytes(c, T) +
            2 * k3_arena_round(sizeof(int32_t) * E)      /* run order, disk ranks */
+           + k3_arena_round(E)                          /* cached snapshot */
            + k3_arena_round(sizeof(int) * t)            /* gathered selection index */
            + k3_arena_round(sizeof(float) * t * K * Lt) /* expert outputs per selection */
            + 2 * k3_arena_round(sizeof(float) * t * S)  /* shared g, u */
@@ -168,14 +169,17 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
      * part in disk order. While the cached ones compute, their slots free
      * up and the misses are read into them, instead of the first misses
      * holding up the start. The sums are still taken in disk order (below),
-     * so the order is free to follow the cache. */
+     * so the order is free to follow the cache. The cache is looked at
+     * once per expert: another session on this layer may change it between
+     * the two passes, and each expert must land in exactly one of them. */
     int32_t *run = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);  /* [n_union] */
     int32_t *rank = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E); /* [E] disk position */
+    uint8_t *hot = k3_arena_alloc(ar, (size_t)E); /* [n_union] cached at the look */
+    for (int i = 0; i < n_union; i++) hot[i] = k3_experts_cached(lc->experts, layer, order[i]) != 0;
     int n_run = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n_union; i++)
-            if (k3_experts_cached(lc->experts, layer, order[i]) == (pass == 0))
-                run[n_run++] = order[i];
+            if (hot[i] == (pass == 0)) run[n_run++] = order[i];
     for (int i = 0; i < n_union; i++) rank[order[i]] = i;
 
     /* The routed experts' reads start now (the batch admits its first

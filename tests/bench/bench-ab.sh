@@ -32,7 +32,7 @@ build_so() { # REV NAME -> $tmp/NAME.so
     fi
     # Revisions before the common/ folders (2026-12) keep every file in common/.
     local srcs
-    srcs=$(ls "$src"/common/*.c "$src"/common/*/*.c 2>/dev/null)
+    srcs=$(ls "$src"/common/*.c "$src"/common/*/*.c 2>/dev/null || true)
     # shellcheck disable=SC2046,SC2086
     ${CC:-cc} $flags -I"$src" $(pkg-config --cflags $pkgs) $srcs "$src"/proto/*.c \
         -o "$tmp/$2.so" $(pkg-config --libs $pkgs) -lm
