@@ -1,4 +1,4 @@
-/* common/engine/model.c: loading Kimi K3 weights for a layer range (spec 2, 4.2).
+/* common/engine/model.c: loading Kimi K3 weights for a layer range (docs/MODEL.md 2, 4.2).
  *
  * Per layer the loader first looks up every tensor it needs and validates
  * dtype and shape against the config (serially: st_find parses shard
@@ -8,7 +8,7 @@
  * (AttnRes w = norm * proj, A = exp(A_log[h])). MoE layers also get their
  * expert table (common/experts/experts.c).
  *
- * Formats (spec 4.2): K3_BITS for KDA q/k/v/g/o, latent down/up, shared
+ * Formats (docs/MODEL.md 4.2): K3_BITS for KDA q/k/v/g/o, latent down/up, shared
  * experts and the dense MLP; K3_MLA_BITS for the MLA projections including
  * its o/g; K3_HEAD_BITS for lm_head; everything else f32. A repacked
  * container's U8 tensor with a .qs sidecar is taken as prepared int8 or
@@ -179,7 +179,7 @@ static k3_status layer_vec(loader *ld, const char *suffix, int64_t n, float **ds
 }
 
 /* A [rows][cols] matrix in `bits` (>= 32: f32). A U8 tensor with a .qs
- * sidecar is a prepared container matrix (spec 2.3). `class_bits` says
+ * sidecar is a prepared container matrix (docs/MODEL.md 2.3). `class_bits` says
  * whether the matrix belongs to the K3_BITS class (explicit 4 downcasts). */
 static k3_status add_mat(loader *ld, const char *name, int rows, int cols, int bits, int class_bits,
                          k3_qmat *dst) {
@@ -625,7 +625,7 @@ static k3_status load_global(loader *ld) {
     return st;
 }
 
-/* Probes the tensor-name prefix (spec 2.1) on this range's first layer, not
+/* Probes the tensor-name prefix (docs/MODEL.md 2.1) on this range's first layer, not
  * on layer 0 as st_prefix() does: with an index.json, looking up another
  * worker's layer would open that worker's shard. */
 static k3_status probe_prefix(k3_model *m, char *err, size_t errlen) {
@@ -653,7 +653,7 @@ static k3_status probe_prefix(k3_model *m, char *err, size_t errlen) {
 
 /* ---- expert usage history ---- */
 
-/* Loads the history (refusing another model's, spec 5) and warms the
+/* Loads the history (refusing another model's, docs/MODEL.md 5.5) and warms the
  * cache with each layer's hottest experts; once the tables are loaded. */
 static k3_status usage_start(k3_model *m, char *err, size_t errlen) {
     m->usage_path = k3_xstrdup(m->opts.usage_path);
@@ -697,7 +697,7 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
     if (!(opts->expert_gb >= 0.0) || opts->expert_gb > 1e6)
         return k3_errf(K3_ERR_ARG, err, errlen, "model: expert cache %g GB outside [0, 1e6]",
                        opts->expert_gb);
-    /* only the formats of spec 4.2 exist: int4-g64, int8 per-row, f32 */
+    /* only the formats of docs/MODEL.md 4.2 exist: int4-g64, int8 per-row, f32 */
     static const int ok_bits[] = {4, 8, 32};
     const int *bv[3] = {&opts->bits, &opts->mla_bits, &opts->head_bits};
     static const char *const bn[3] = {"K3_BITS", "K3_MLA_BITS", "K3_HEAD_BITS"};
@@ -833,7 +833,7 @@ k3_status k3_model_embed(k3_model *m, const int32_t *ids, int T, float *h, char 
             return k3_errf(K3_ERR_ARG, err, errlen,
                            "embed: token id %d at position %d outside the vocabulary [0, %d)",
                            ids[t], t, m->cfg.vocab);
-    /* one pread per row: the embedding is never resident (spec 2.2) */
+    /* one pread per row: the embedding is never resident (docs/MODEL.md 2.2) */
     size_t es = st_dtype_size(m->embed->dtype), rb = es * (size_t)D;
     unsigned char *row = k3_xmalloc(rb);
     k3_status st = K3_OK;
