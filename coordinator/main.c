@@ -57,14 +57,16 @@ typedef struct coord_opts {
     int max_ctx;        /* 0 = prompt + ngen */
     int think;          /* chat mode: open the think channel */
     /* cluster (coordinator/cluster.h) */
-    k3_opt_list workers; /* remote worker endpoints; none = --local workers */
-    int hb_ms;           /* heartbeat interval; TTL = 3 x */
-    int step_timeout_ms; /* a worker without progress this long is stalled */
-    int pipe_chunk;      /* tokens per pipelined micro-chunk, 0 = auto */
-    int max_sessions;    /* session states each local worker holds */
-    int insecure;        /* allow plain tcp off loopback */
-    char *curve_secret;  /* our CURVE key pair file */
-    char *worker_keys;   /* "ENDPOINT|* KEY" lines */
+    k3_opt_list workers;    /* remote worker endpoints; none = --local workers */
+    int hb_ms;              /* heartbeat interval; TTL = 3 x */
+    int step_timeout_ms;    /* a worker without progress this long is stalled */
+    int pipe_chunk;         /* tokens per pipelined micro-chunk, 0 = auto */
+    int max_sessions;       /* session states each local worker holds */
+    int insecure;           /* allow plain tcp off loopback */
+    char *curve_secret;     /* our CURVE key pair file */
+    char *worker_keys;      /* "ENDPOINT|* KEY" lines */
+    char *worker_bin;       /* k3-worker program of --local workers, NULL = next to us */
+    k3_cluster_retry retry; /* link back-offs, resumes after a lost worker */
     int help;
 } coord_opts;
 
@@ -201,7 +203,7 @@ static const k3_opt coord_table[] = {
      .env = "K3_STEP_TIMEOUT_MS",
      .type = K3_OPT_INT,
      .offset = O(step_timeout_ms),
-     .def = "30000",
+     .def = K3_OPT_STR(K3_CLUSTER_STEP_TIMEOUT_MS),
      .min = 100,
      .max = 3600000,
      .metavar = "MS",
@@ -234,6 +236,14 @@ static const k3_opt coord_table[] = {
      .offset = O(worker_keys),
      .metavar = "FILE",
      .help = "worker public keys, lines 'ENDPOINT KEY' or '* KEY'"},
+    {.name = "worker_bin",
+     .flag = "--worker-bin",
+     .env = "K3_WORKER_BIN",
+     .type = K3_OPT_STRING,
+     .offset = O(worker_bin),
+     .metavar = "PATH",
+     .help = "k3-worker program for --local workers (default: next to this program)"},
+    K3_CLUSTER_OPT_RETRY_ROWS(coord_opts, retry),
     {.name = "help",
      .flag = "--help",
      .short_flag = 'h',
@@ -415,6 +425,8 @@ static k3_status open_trunk(const coord_opts *o, k3_model *m, const k3_model_opt
     co.insecure = o->insecure;
     co.curve_secret = o->curve_secret;
     co.worker_keys = o->worker_keys;
+    co.worker_bin = o->worker_bin;
+    co.retry = o->retry;
     if (o->trace)
         K3_WARN("--trace with workers: only each stage's last layer is traced (use --local 0 "
                 "for every layer)");
@@ -485,6 +497,7 @@ int main(int argc, char **argv) {
         rc = 2;
         goto done;
     }
+    k3_engine_opts_apply(&o.eng); /* --log-level, --isa */
 
     /* ---- model ----
      * The in-process path needs every layer plus the global tensors. The
@@ -637,8 +650,8 @@ int main(int argc, char **argv) {
             trunk->ops->name);
     k3_gen_result res;
     /* with workers, a lost worker is waited for and the session replayed */
-    st = cluster ? k3_cluster_generate(cluster, sess, prompt, n_prompt, &go, 3, 60000, &res, err,
-                                       sizeof err)
+    st = cluster ? k3_cluster_generate(cluster, sess, prompt, n_prompt, &go, o.retry.resumes,
+                                       o.retry.resume_wait_ms, &res, err, sizeof err)
                  : k3_generate(sess, prompt, n_prompt, &go, &res, err, sizeof err);
     if (tok) {
         size_t len = 0;
