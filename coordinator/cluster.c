@@ -752,75 +752,90 @@ static void link_timers(k3_cluster *c, cl_stage *s, double t) {
     }
 }
 
-static void *io_main(void *arg) {
-    k3_cluster *c = arg;
-    zmq_pollitem_t *items = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *items);
-    int *who = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *who);
-    pthread_mutex_lock(&c->mu);
-    if (c->spawn_pending) {
-        c->spawn_st = cl_local_start(c, c->spawn_err, sizeof c->spawn_err);
-        c->spawn_pending = 0;
-        pthread_cond_broadcast(&c->cv);
-        while (c->spawn_st && !c->stopping) pthread_cond_wait(&c->cv, &c->mu); /* open fails */
+/* The I/O thread runs in five steps, each with c->mu held: the local
+ * workers are started (once), then each turn fires the timers, takes new
+ * work (io_take_work), polls every socket with the mutex released
+ * (io_poll_set, io_poll_timeout) and reads what arrived (io_dispatch);
+ * when stopping, io_shutdown fails what is left. */
+
+/* --local N: starts the workers from this thread, which outlives them (the
+ * parent-death signal follows the thread). A failed start is reported to
+ * k3_cluster_open, and the thread parks until the cluster closes. */
+static void io_spawn_local(k3_cluster *c) {
+    c->spawn_st = cl_local_start(c, c->spawn_err, sizeof c->spawn_err);
+    c->spawn_pending = 0;
+    pthread_cond_broadcast(&c->cv);
+    while (c->spawn_st && !c->stopping) pthread_cond_wait(&c->cv, &c->mu); /* open fails */
+}
+
+/* Moves new jobs to the active list, starts those that can start, and
+ * sends the control requests callers queued. */
+static void io_take_work(k3_cluster *c) {
+    while (c->incoming) {
+        cl_job *j = c->incoming;
+        c->incoming = j->next;
+        j->next = c->active;
+        c->active = j;
     }
-    while (!c->stopping) {
-        double t = now_ms();
-        for (int i = 0; i < c->n; i++) link_timers(c, &c->st[i], t);
-        /* new jobs and control requests */
-        while (c->incoming) {
-            cl_job *j = c->incoming;
-            c->incoming = j->next;
-            j->next = c->active;
-            c->active = j;
+    for (cl_job *j = c->active, *next; j; j = next) {
+        next = j->next;
+        if (!j->started && !j->finished) job_start(c, j);
+    }
+    while (c->ctl_in) {
+        cl_ctl *x = c->ctl_in;
+        c->ctl_in = x->next;
+        handle_ctl(c, x);
+    }
+}
+
+/* The poll set: the eventfd, then every open socket and monitor; who[k] is
+ * -1 for the eventfd, i for stage i's socket, n + i for its monitor.
+ * items and who have room for 2 n + 1. Returns the number of items. */
+static int io_poll_set(const k3_cluster *c, zmq_pollitem_t *items, int *who) {
+    int n = 0;
+    items[n] = (zmq_pollitem_t){NULL, c->efd, ZMQ_POLLIN, 0};
+    who[n++] = -1;
+    for (int i = 0; i < c->n; i++) {
+        if (c->st[i].sock) {
+            items[n] = (zmq_pollitem_t){c->st[i].sock, 0, ZMQ_POLLIN, 0};
+            who[n++] = i;
         }
-        for (cl_job *j = c->active, *next; j; j = next) {
-            next = j->next;
-            if (!j->started && !j->finished) job_start(c, j);
-        }
-        while (c->ctl_in) {
-            cl_ctl *x = c->ctl_in;
-            c->ctl_in = x->next;
-            handle_ctl(c, x);
-        }
-        /* poll: the eventfd, every socket and monitor */
-        int n = 0;
-        items[n] = (zmq_pollitem_t){NULL, c->efd, ZMQ_POLLIN, 0};
-        who[n++] = -1;
-        for (int i = 0; i < c->n; i++) {
-            if (c->st[i].sock) {
-                items[n] = (zmq_pollitem_t){c->st[i].sock, 0, ZMQ_POLLIN, 0};
-                who[n++] = i;
-            }
-            if (c->st[i].mon) {
-                items[n] = (zmq_pollitem_t){c->st[i].mon, 0, ZMQ_POLLIN, 0};
-                who[n++] = c->n + i;
-            }
-        }
-        long timeout = c->so.hb_ms / 4;
-        for (cl_job *j = c->active; j; j = j->next)
-            if (!j->started) timeout = timeout > 20 ? 20 : timeout;
-        pthread_mutex_unlock(&c->mu);
-        int rc = zmq_poll(items, n, timeout);
-        pthread_mutex_lock(&c->mu);
-        if (rc < 0 && zmq_errno() != EINTR) {
-            K3_ERROR("cluster: poll: %s", zmq_strerror(zmq_errno()));
-            break;
-        }
-        if (rc <= 0) continue;
-        for (int k = 0; k < n; k++) {
-            if (!(items[k].revents & ZMQ_POLLIN)) continue;
-            if (who[k] < 0) {
-                uint64_t v;
-                ssize_t r = read(c->efd, &v, sizeof v);
-                (void)r;
-            } else if (who[k] < c->n) {
-                link_read(c, &c->st[who[k]]);
-            } else {
-                link_events(c, &c->st[who[k] - c->n]);
-            }
+        if (c->st[i].mon) {
+            items[n] = (zmq_pollitem_t){c->st[i].mon, 0, ZMQ_POLLIN, 0};
+            who[n++] = c->n + i;
         }
     }
-    /* stopping: fail what is left, say goodbye to local workers */
+    return n;
+}
+
+/* A quarter heartbeat, so the timers fire on time; 20 ms at most while a
+ * job waits for workers to register (job_start retries each turn). */
+static long io_poll_timeout(const k3_cluster *c) {
+    long timeout = c->so.hb_ms / 4;
+    for (cl_job *j = c->active; j; j = j->next)
+        if (!j->started) timeout = timeout > 20 ? 20 : timeout;
+    return timeout;
+}
+
+/* Reads every item the poll marked readable. */
+static void io_dispatch(k3_cluster *c, const zmq_pollitem_t *items, const int *who, int n) {
+    for (int k = 0; k < n; k++) {
+        if (!(items[k].revents & ZMQ_POLLIN)) continue;
+        if (who[k] < 0) {
+            uint64_t v;
+            ssize_t r = read(c->efd, &v, sizeof v);
+            (void)r;
+        } else if (who[k] < c->n) {
+            link_read(c, &c->st[who[k]]);
+        } else {
+            link_events(c, &c->st[who[k] - c->n]);
+        }
+    }
+}
+
+/* Stopping: fails what is left, says goodbye to local workers, closes every
+ * socket. */
+static void io_shutdown(k3_cluster *c) {
     while (c->incoming) {
         cl_job *j = c->incoming;
         c->incoming = j->next;
@@ -854,6 +869,30 @@ static void *io_main(void *arg) {
         s->n_pending = 0;
         link_close(s);
     }
+}
+
+static void *io_main(void *arg) {
+    k3_cluster *c = arg;
+    zmq_pollitem_t *items = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *items);
+    int *who = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *who);
+    pthread_mutex_lock(&c->mu);
+    if (c->spawn_pending) io_spawn_local(c);
+    while (!c->stopping) {
+        double t = now_ms();
+        for (int i = 0; i < c->n; i++) link_timers(c, &c->st[i], t);
+        io_take_work(c);
+        int n = io_poll_set(c, items, who);
+        long timeout = io_poll_timeout(c);
+        pthread_mutex_unlock(&c->mu);
+        int rc = zmq_poll(items, n, timeout);
+        pthread_mutex_lock(&c->mu);
+        if (rc < 0 && zmq_errno() != EINTR) {
+            K3_ERROR("cluster: poll: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (rc > 0) io_dispatch(c, items, who, n);
+    }
+    io_shutdown(c);
     pthread_mutex_unlock(&c->mu);
     free(items);
     free(who);
