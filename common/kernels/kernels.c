@@ -129,11 +129,16 @@ static int cpu_has_vbmi(void) {
 #endif
 }
 
+static int g_warned = K3_ISA_AUTO; /* the too-high wish already warned about */
+
 /* The level to use for a wish (K3_ISA_AUTO or a k3_isa): never above the
- * CPU's, which is said once. */
+ * CPU's, which is said once (the environment's wish is seen twice in a
+ * program: at the first kernel call and by its --isa row). */
 static k3_isa isa_choose(int want) {
     if (want == K3_ISA_AUTO) return g_detected;
     if (want > (int)g_detected) {
+        if (want == g_warned) return g_detected;
+        g_warned = want;
         K3_WARN("isa %s: this CPU supports up to %s; using %s", k3_isa_name((k3_isa)want),
                 k3_isa_name(g_detected), k3_isa_name(g_detected));
         return g_detected;
