@@ -57,16 +57,17 @@ typedef struct coord_opts {
     int max_ctx;        /* 0 = prompt + ngen */
     int think;          /* chat mode: open the think channel */
     /* cluster (coordinator/cluster.h) */
-    k3_opt_list workers;    /* remote worker endpoints; none = --local workers */
-    int hb_ms;              /* heartbeat interval; TTL = 3 x */
-    int step_timeout_ms;    /* a worker without progress this long is stalled */
-    int pipe_chunk;         /* tokens per pipelined micro-chunk, 0 = auto */
-    int max_sessions;       /* session states each local worker holds */
-    int insecure;           /* allow plain tcp off loopback */
-    char *curve_secret;     /* our CURVE key pair file */
-    char *worker_keys;      /* "ENDPOINT|* KEY" lines */
-    char *worker_bin;       /* k3-worker program of --local workers, NULL = next to us */
-    k3_cluster_retry retry; /* link back-offs, resumes after a lost worker */
+    k3_opt_list workers; /* remote worker endpoints; none = --local workers */
+    int hb_ms;           /* heartbeat interval; TTL = 3 x */
+    int step_timeout_ms; /* a worker without progress this long is stalled */
+    int pipe_chunk;      /* tokens per pipelined micro-chunk, 0 = auto */
+    int max_sessions;    /* session states each local worker holds */
+    int insecure;        /* allow plain tcp off loopback */
+    char *curve_secret;  /* our CURVE key pair file */
+    char *worker_keys;   /* "ENDPOINT|* KEY" lines */
+    /* local worker program, link back-offs, resumes (coordinator/cluster.h) */
+    char *worker_bin;       /* NULL = k3-worker next to this program */
+    k3_cluster_retry retry; /* K3_CLUSTER_OPT_RETRY_ROWS */
     int help;
 } coord_opts;
 

@@ -3,12 +3,13 @@
  * Owns: the one definition of the options that configure the engine
  * (k3_model_opts): model directory, shard directories, load-time bits,
  * idot / exact, compute threads, the expert cache and its reader, the usage
- * history, K3_LAYERS, and the process-wide kernel level and log level
- * (rows defined by common/kernels/kernels.h and common/base/log.h). Each program embeds a
- * k3_engine_opts in its own option struct and puts K3_ENGINE_OPT_MODEL / K3_ENGINE_OPT_ROWS in its
- * table (common/base/opts.h), so both programs accept the same flags and K3_*
- * variables with the same ranges, help and messages, and the numeric
- * settings a worker reports in HELLO mean what the coordinator's mean.
+ * history, K3_LAYERS, and the process-wide kernel and log levels (rows
+ * defined by common/kernels/kernels.h and common/base/log.h). Each program
+ * embeds a k3_engine_opts in its own option struct and puts
+ * K3_ENGINE_OPT_MODEL / K3_ENGINE_OPT_ROWS in its table (common/base/opts.h),
+ * so both programs accept the same flags and K3_* variables with the same
+ * ranges, help and messages, and the numeric settings a worker reports in
+ * HELLO mean what the coordinator's mean.
  * Borrows: the program's table and sources (read only). Strings and lists in
  * k3_engine_opts belong to the program's struct: k3_opts_free frees them.
  * Threads: main() only, before any thread starts.
@@ -20,9 +21,9 @@
 
 #include "common/base/err.h"
 #include "common/base/limits.h"
-#include "common/base/log.h"
-#include "common/base/opts.h"
 #include "common/engine/model.h"
+#include "common/base/opts.h"
+#include "common/base/log.h"
 #include "common/kernels/kernels.h"
 
 typedef struct k3_engine_opts {
