@@ -115,9 +115,10 @@ k3_status k3_allow_list_load(const char *path, k3_allow_list *out, char *err, si
 void k3_allow_list_free(k3_allow_list *l);
 int k3_allow_list_has(const k3_allow_list *l, const uint8_t key[32]);
 
-/* The coordinator's --worker-keys file: lines "ENDPOINT KEY" (bare Z85 or
- * "public = Z85") or "* KEY" for every other endpoint, '#' comments, at most
- * K3_MAX_ALLOW_KEYS lines. out receives the server key for ep (a line naming
+/* The coordinator's --worker-keys file: lines "ENDPOINT KEY" (a bare Z85
+ * key, as k3_link_public_parse reads it) or "* KEY" for every other
+ * endpoint; '#' comment lines and lines without two words are skipped; at
+ * most K3_MAX_ALLOW_KEYS lines. out receives the server key for ep (a line naming
  * it beats "*"), or "" when none applies. */
 k3_status k3_link_worker_key(const char *path, const char *ep, char out[K3_Z85_KEY_LEN + 1],
                              char *err, size_t errlen);
