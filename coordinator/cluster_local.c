@@ -131,7 +131,7 @@ typedef struct arg_vec {
 } arg_vec;
 
 static void av_add(arg_vec *a, const char *s) {
-    K3_ASSERT(a->n < a->cap - 1); /* counted in cl_local_start: a miscount is a bug */
+    K3_ASSERT(a->n < a->cap - 1); /* counted by local_argc: a miscount is a bug */
     a->v[a->n++] = k3_xstrdup(s);
 }
 
