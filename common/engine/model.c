@@ -162,9 +162,10 @@ static void shape_str(const int64_t *s, int rank, char *buf, size_t n) {
 
 static int is_float_dtype(st_dtype d) { return d == ST_BF16 || d == ST_F16 || d == ST_F32; }
 
-/* Looks up `name`, checks a float dtype and the exact shape. The message names the tensor and both
- * shapes, so a checkpoint whose config disagrees with its tensors is diagnosed at load, never by a
- * wrong answer or an out-of-bounds read later. */
+/* Looks up `name`, checks a float dtype and the exact shape. The message
+ * names the tensor and both shapes, so a checkpoint whose config disagrees
+ * with its tensors is diagnosed at load, never by a wrong answer or an
+ * out-of-bounds read later. */
 static k3_status find_checked(loader *ld, const char *name, int rank, const int64_t *shape,
                               const st_tensor **out) {
     k3_status st = st_find(ld->m->idx, name, out, ld->err, ld->errlen);
