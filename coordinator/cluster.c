@@ -234,7 +234,7 @@ static void link_fail(k3_cluster *c, cl_stage *s, const char *why) {
     }
     link_close(s);
     s->state = LINK_DOWN;
-    s->next_try_ms = now_ms() + 100;
+    s->next_try_ms = now_ms() + c->o.retry.lost_ms;
     pthread_cond_broadcast(&c->cv);
 }
 
@@ -277,7 +277,7 @@ static void link_open(k3_cluster *c, cl_stage *s) {
         cl_fmt(s->last_err, sizeof s->last_err, "%s", err);
         link_close(s);
         s->state = LINK_DOWN;
-        s->next_try_ms = now_ms() + 1000;
+        s->next_try_ms = now_ms() + c->o.retry.open_ms;
         return;
     }
     s->state = LINK_HELLO;
@@ -287,7 +287,7 @@ static void link_open(k3_cluster *c, cl_stage *s) {
 /* How long a HELLO may wait for its answer before the socket is replaced. */
 static double hello_timeout_ms(const k3_cluster *c) {
     double t = 2.0 * K3_LINK_LIVENESS * c->so.hb_ms;
-    return t < 2000 ? 2000 : t;
+    return t < c->o.retry.hello_min_ms ? c->o.retry.hello_min_ms : t;
 }
 
 static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
@@ -309,7 +309,7 @@ static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
         s->refused = 1;
         link_close(s);
         s->state = LINK_DOWN;
-        s->next_try_ms = now_ms() + 5000;
+        s->next_try_ms = now_ms() + c->o.retry.refused_ms;
         pthread_cond_broadcast(&c->cv);
         return;
     }
@@ -487,7 +487,7 @@ static void on_reply(k3_cluster *c, cl_stage *s, proto_msg *m, proto_frames *fr)
             s->refused = 1;
             link_close(s);
             s->state = LINK_DOWN;
-            s->next_try_ms = now_ms() + 5000;
+            s->next_try_ms = now_ms() + c->o.retry.refused_ms;
             pthread_cond_broadcast(&c->cv);
         } else if (r->job) {
             if (code == K3_ERR_STATE) r->job->sess->lost = 1;
@@ -752,75 +752,90 @@ static void link_timers(k3_cluster *c, cl_stage *s, double t) {
     }
 }
 
-static void *io_main(void *arg) {
-    k3_cluster *c = arg;
-    zmq_pollitem_t *items = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *items);
-    int *who = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *who);
-    pthread_mutex_lock(&c->mu);
-    if (c->spawn_pending) {
-        c->spawn_st = cl_local_start(c, c->spawn_err, sizeof c->spawn_err);
-        c->spawn_pending = 0;
-        pthread_cond_broadcast(&c->cv);
-        while (c->spawn_st && !c->stopping) pthread_cond_wait(&c->cv, &c->mu); /* open fails */
+/* The I/O thread runs in five steps, each with c->mu held: the local
+ * workers are started (once), then each turn fires the timers, takes new
+ * work (io_take_work), polls every socket with the mutex released
+ * (io_poll_set, io_poll_timeout) and reads what arrived (io_dispatch);
+ * when stopping, io_shutdown fails what is left. */
+
+/* --local N: starts the workers from this thread, which outlives them (the
+ * parent-death signal follows the thread). A failed start is reported to
+ * k3_cluster_open, and the thread parks until the cluster closes. */
+static void io_spawn_local(k3_cluster *c) {
+    c->spawn_st = cl_local_start(c, c->spawn_err, sizeof c->spawn_err);
+    c->spawn_pending = 0;
+    pthread_cond_broadcast(&c->cv);
+    while (c->spawn_st && !c->stopping) pthread_cond_wait(&c->cv, &c->mu); /* open fails */
+}
+
+/* Moves new jobs to the active list, starts those that can start, and
+ * sends the control requests callers queued. */
+static void io_take_work(k3_cluster *c) {
+    while (c->incoming) {
+        cl_job *j = c->incoming;
+        c->incoming = j->next;
+        j->next = c->active;
+        c->active = j;
     }
-    while (!c->stopping) {
-        double t = now_ms();
-        for (int i = 0; i < c->n; i++) link_timers(c, &c->st[i], t);
-        /* new jobs and control requests */
-        while (c->incoming) {
-            cl_job *j = c->incoming;
-            c->incoming = j->next;
-            j->next = c->active;
-            c->active = j;
+    for (cl_job *j = c->active, *next; j; j = next) {
+        next = j->next;
+        if (!j->started && !j->finished) job_start(c, j);
+    }
+    while (c->ctl_in) {
+        cl_ctl *x = c->ctl_in;
+        c->ctl_in = x->next;
+        handle_ctl(c, x);
+    }
+}
+
+/* The poll set: the eventfd, then every open socket and monitor; who[k] is
+ * -1 for the eventfd, i for stage i's socket, n + i for its monitor.
+ * items and who have room for 2 n + 1. Returns the number of items. */
+static int io_poll_set(const k3_cluster *c, zmq_pollitem_t *items, int *who) {
+    int n = 0;
+    items[n] = (zmq_pollitem_t){NULL, c->efd, ZMQ_POLLIN, 0};
+    who[n++] = -1;
+    for (int i = 0; i < c->n; i++) {
+        if (c->st[i].sock) {
+            items[n] = (zmq_pollitem_t){c->st[i].sock, 0, ZMQ_POLLIN, 0};
+            who[n++] = i;
         }
-        for (cl_job *j = c->active, *next; j; j = next) {
-            next = j->next;
-            if (!j->started && !j->finished) job_start(c, j);
-        }
-        while (c->ctl_in) {
-            cl_ctl *x = c->ctl_in;
-            c->ctl_in = x->next;
-            handle_ctl(c, x);
-        }
-        /* poll: the eventfd, every socket and monitor */
-        int n = 0;
-        items[n] = (zmq_pollitem_t){NULL, c->efd, ZMQ_POLLIN, 0};
-        who[n++] = -1;
-        for (int i = 0; i < c->n; i++) {
-            if (c->st[i].sock) {
-                items[n] = (zmq_pollitem_t){c->st[i].sock, 0, ZMQ_POLLIN, 0};
-                who[n++] = i;
-            }
-            if (c->st[i].mon) {
-                items[n] = (zmq_pollitem_t){c->st[i].mon, 0, ZMQ_POLLIN, 0};
-                who[n++] = c->n + i;
-            }
-        }
-        long timeout = c->so.hb_ms / 4;
-        for (cl_job *j = c->active; j; j = j->next)
-            if (!j->started) timeout = timeout > 20 ? 20 : timeout;
-        pthread_mutex_unlock(&c->mu);
-        int rc = zmq_poll(items, n, timeout);
-        pthread_mutex_lock(&c->mu);
-        if (rc < 0 && zmq_errno() != EINTR) {
-            K3_ERROR("cluster: poll: %s", zmq_strerror(zmq_errno()));
-            break;
-        }
-        if (rc <= 0) continue;
-        for (int k = 0; k < n; k++) {
-            if (!(items[k].revents & ZMQ_POLLIN)) continue;
-            if (who[k] < 0) {
-                uint64_t v;
-                ssize_t r = read(c->efd, &v, sizeof v);
-                (void)r;
-            } else if (who[k] < c->n) {
-                link_read(c, &c->st[who[k]]);
-            } else {
-                link_events(c, &c->st[who[k] - c->n]);
-            }
+        if (c->st[i].mon) {
+            items[n] = (zmq_pollitem_t){c->st[i].mon, 0, ZMQ_POLLIN, 0};
+            who[n++] = c->n + i;
         }
     }
-    /* stopping: fail what is left, say goodbye to local workers */
+    return n;
+}
+
+/* A quarter heartbeat, so the timers fire on time; 20 ms at most while a
+ * job waits for workers to register (job_start retries each turn). */
+static long io_poll_timeout(const k3_cluster *c) {
+    long timeout = c->so.hb_ms / 4;
+    for (cl_job *j = c->active; j; j = j->next)
+        if (!j->started) timeout = timeout > 20 ? 20 : timeout;
+    return timeout;
+}
+
+/* Reads every item the poll marked readable. */
+static void io_dispatch(k3_cluster *c, const zmq_pollitem_t *items, const int *who, int n) {
+    for (int k = 0; k < n; k++) {
+        if (!(items[k].revents & ZMQ_POLLIN)) continue;
+        if (who[k] < 0) {
+            uint64_t v;
+            ssize_t r = read(c->efd, &v, sizeof v);
+            (void)r;
+        } else if (who[k] < c->n) {
+            link_read(c, &c->st[who[k]]);
+        } else {
+            link_events(c, &c->st[who[k] - c->n]);
+        }
+    }
+}
+
+/* Stopping: fails what is left, says goodbye to local workers, closes every
+ * socket. */
+static void io_shutdown(k3_cluster *c) {
     while (c->incoming) {
         cl_job *j = c->incoming;
         c->incoming = j->next;
@@ -854,6 +869,30 @@ static void *io_main(void *arg) {
         s->n_pending = 0;
         link_close(s);
     }
+}
+
+static void *io_main(void *arg) {
+    k3_cluster *c = arg;
+    zmq_pollitem_t *items = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *items);
+    int *who = k3_xcalloc((size_t)(2 * c->n + 1), sizeof *who);
+    pthread_mutex_lock(&c->mu);
+    if (c->spawn_pending) io_spawn_local(c);
+    while (!c->stopping) {
+        double t = now_ms();
+        for (int i = 0; i < c->n; i++) link_timers(c, &c->st[i], t);
+        io_take_work(c);
+        int n = io_poll_set(c, items, who);
+        long timeout = io_poll_timeout(c);
+        pthread_mutex_unlock(&c->mu);
+        int rc = zmq_poll(items, n, timeout);
+        pthread_mutex_lock(&c->mu);
+        if (rc < 0 && zmq_errno() != EINTR) {
+            K3_ERROR("cluster: poll: %s", zmq_strerror(zmq_errno()));
+            break;
+        }
+        if (rc > 0) io_dispatch(c, items, who, n);
+    }
+    io_shutdown(c);
     pthread_mutex_unlock(&c->mu);
     free(items);
     free(who);
@@ -866,42 +905,16 @@ void k3_cluster_opts_default(k3_cluster_opts *o) {
     memset(o, 0, sizeof *o);
     o->local = 2;
     o->hb_ms = K3_LINK_HB_MS_DEFAULT;
-    o->step_timeout_ms = 30000;
-    o->ready_timeout_ms = 600000;
+    o->step_timeout_ms = K3_CLUSTER_STEP_TIMEOUT_MS;
+    o->ready_timeout_ms = K3_CLUSTER_READY_TIMEOUT_MS;
     o->request_wait_ms = -1; /* TTL */
-}
-
-/* "ENDPOINT KEY" / "* KEY" lines: the server key for ep, "" if none. */
-static k3_status worker_key_for(const char *path, const char *ep, char out[K3_Z85_KEY_LEN + 1],
-                                char *err, size_t errlen) {
-    out[0] = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return k3_errf(K3_ERR_IO, err, errlen, "%s: %s", path, strerror(errno));
-    char line[1024], star[K3_Z85_KEY_LEN + 1] = "";
-    int line_no = 0;
-    k3_status st = K3_OK;
-    while (fgets(line, sizeof line, f)) {
-        line_no++;
-        if (line_no > K3_MAX_ALLOW_KEYS) {
-            st = k3_errf(K3_ERR_LIMIT, err, errlen, "%s: more than %d lines", path,
-                         K3_MAX_ALLOW_KEYS);
-            break;
-        }
-        char e[K3_MAX_ENDPOINT], k[128];
-        if (line[0] == '#' || sscanf(line, "%255s %127s", e, k) != 2) continue;
-        char z[K3_Z85_KEY_LEN + 1];
-        if ((st = k3_link_public_parse(k, z, err, errlen))) {
-            k3_err_prefix(err, errlen, "%s: line %d", path, line_no);
-            break;
-        }
-        if (!strcmp(e, ep))
-            cl_fmt(out, K3_Z85_KEY_LEN + 1, "%s", z);
-        else if (!strcmp(e, "*"))
-            cl_fmt(star, sizeof star, "%s", z);
-    }
-    fclose(f);
-    if (!st && !out[0]) cl_fmt(out, K3_Z85_KEY_LEN + 1, "%s", star);
-    return st;
+    o->retry = (k3_cluster_retry){.lost_ms = K3_CLUSTER_RETRY_LOST_MS,
+                                  .open_ms = K3_CLUSTER_RETRY_OPEN_MS,
+                                  .refused_ms = K3_CLUSTER_RETRY_REFUSED_MS,
+                                  .hello_min_ms = K3_CLUSTER_HELLO_MIN_MS,
+                                  .handshake_ms = K3_LINK_HANDSHAKE_MS_DEFAULT,
+                                  .resumes = K3_CLUSTER_RESUMES,
+                                  .resume_wait_ms = K3_CLUSTER_RESUME_WAIT_MS};
 }
 
 /* Sorts ready stages by layer range and checks [0, n_layers) is covered
@@ -989,9 +1002,9 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
         return k3_errf(K3_ERR_ARG, err, errlen,
                        "cluster: %d workers outside [1, min(%d, n_layers %d)]", n, K3_MAX_WORKERS,
                        cfg->n_layers);
-    if (o->hb_ms < 100 || o->hb_ms > 19000)
-        return k3_errf(K3_ERR_ARG, err, errlen, "cluster: heartbeat %d ms outside [100, 19000]",
-                       o->hb_ms);
+    if (o->hb_ms < K3_LINK_HB_MS_MIN || o->hb_ms > K3_LINK_HB_MS_MAX)
+        return k3_errf(K3_ERR_ARG, err, errlen, "cluster: heartbeat %d ms outside [%d, %d]",
+                       o->hb_ms, K3_LINK_HB_MS_MIN, K3_LINK_HB_MS_MAX);
     if (o->step_timeout_ms < o->hb_ms)
         return k3_errf(K3_ERR_ARG, err, errlen,
                        "cluster: step timeout %d ms is shorter than the heartbeat %d ms",
@@ -1007,7 +1020,7 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
     c->efd = -1;
     c->so.hb_ms = o->hb_ms;
     c->so.linger_ms = 0; /* a lost link's queued messages are garbage */
-    c->so.handshake_ms = 5000;
+    c->so.handshake_ms = o->retry.handshake_ms;
     pthread_mutex_init(&c->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -1021,9 +1034,10 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
                     << 32;
     c->st = k3_xcalloc((size_t)n, sizeof *c->st);
     c->order = k3_xcalloc((size_t)n, sizeof *c->order);
-    k3_status st =
-        k3_link_fingerprint(o->model->model_dir, cfg, o->model->topp, &c->fp, err, errlen);
-    k3_link_numerics(o->model, o->exact, &c->num);
+    const k3_model_opts *mo = o->model;
+    k3_status st = k3_model_fingerprint_dir(mo->model_dir, cfg, mo->topp, &c->fp, err, errlen);
+    k3_link_numerics(mo->bits, mo->mla_bits, mo->head_bits, mo->idot, mo->dense_idot, o->exact,
+                     &c->num);
     if (!st && o->curve_secret) {
         st = k3_link_secret_load(o->curve_secret, &c->kp, err, errlen);
         c->curve = !st;
@@ -1034,7 +1048,7 @@ k3_status k3_cluster_open(k3_cluster **out, const k3_config *cfg, const k3_clust
         if (o->n_workers > 0) {
             cl_fmt(s->endpoint, sizeof s->endpoint, "%s", o->workers[i]);
             if (c->curve && o->worker_keys)
-                st = worker_key_for(o->worker_keys, s->endpoint, s->server_key, err, errlen);
+                st = k3_link_worker_key(o->worker_keys, s->endpoint, s->server_key, err, errlen);
             if (!st)
                 st = k3_link_endpoint_policy(s->endpoint, s->server_key[0] != 0, o->insecure,
                                              "k3-coordinator --workers", err, errlen);

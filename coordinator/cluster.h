@@ -41,9 +41,67 @@
 #include "common/base/err.h"
 #include "common/engine/model.h"
 #include "coordinator/generate.h"
+#include "proto/link.h"
 #include "proto/proto.h"
 
 typedef struct k3_cluster k3_cluster;
+
+/* Timings and retry counts: each #define is the one default, of
+ * k3_cluster_opts_default and of the coordinator's option rows alike. */
+#define K3_CLUSTER_STEP_TIMEOUT_MS  30000  /* steps pending, no progress this long: stalled */
+#define K3_CLUSTER_READY_TIMEOUT_MS 600000 /* k3_cluster_open waits this long for all */
+#define K3_CLUSTER_RETRY_LOST_MS    100    /* a lost link registers again after this */
+#define K3_CLUSTER_RETRY_OPEN_MS    1000   /* a socket that could not be set up: retried */
+#define K3_CLUSTER_RETRY_REFUSED_MS 5000   /* a refused registration: retried after this */
+#define K3_CLUSTER_HELLO_MIN_MS     2000   /* a HELLO waits at least this (else 2 x TTL) */
+#define K3_CLUSTER_RESUMES          3      /* k3_cluster_generate's resumes per generation */
+#define K3_CLUSTER_RESUME_WAIT_MS   60000  /* ... each waiting this long for the workers */
+
+/* How the links retry, and how a generation resumes (resumes and
+ * resume_wait_ms are the caller's arguments to k3_cluster_generate). */
+typedef struct k3_cluster_retry {
+    int lost_ms;        /* a lost link's next registration attempt, after this */
+    int open_ms;        /* a socket that failed to set up or connect: next attempt */
+    int refused_ms;     /* a worker that refused our HELLO: next attempt */
+    int hello_min_ms;   /* least wait for HELLO_OK before a fresh socket (else 2 x TTL) */
+    int handshake_ms;   /* ZMQ_HANDSHAKE_IVL: a stuck CURVE handshake fails after this */
+    int resumes;        /* generations resume at most this many times */
+    int resume_wait_ms; /* each resume waits this long for every worker */
+} k3_cluster_retry;
+
+/* The rows of the coordinator's table for a k3_cluster_retry member f of T
+ * (common/base/opts.h): the two a user may want as flags, the back-offs as
+ * variables only. */
+// clang-format off
+#define K3_CLUSTER_OPT_RETRY_ROWS(T, f)                                                            \
+    {.name = "resumes", .flag = "--resumes", .env = "K3_RESUMES", .type = K3_OPT_INT,             \
+     .offset = offsetof(T, f.resumes), .def = K3_OPT_STR(K3_CLUSTER_RESUMES), .min = 0,           \
+     .max = 1000, .metavar = "N",                                                                 \
+     .help = "times a generation resumes (reset + replay) after losing a worker"},                \
+    {.name = "resume_wait_ms", .flag = "--resume-wait-ms", .env = "K3_RESUME_WAIT_MS",             \
+     .type = K3_OPT_INT, .offset = offsetof(T, f.resume_wait_ms),                                 \
+     .def = K3_OPT_STR(K3_CLUSTER_RESUME_WAIT_MS), .min = 0, .max = 3600000, .metavar = "MS",     \
+     .help = "a resume waits this long for every worker to be back"},                             \
+    {.name = "retry_lost_ms", .env = "K3_RETRY_LOST_MS", .type = K3_OPT_INT,                       \
+     .offset = offsetof(T, f.lost_ms), .def = K3_OPT_STR(K3_CLUSTER_RETRY_LOST_MS), .min = 0,     \
+     .max = 60000, .metavar = "MS", .help = "a lost link registers again after this"},            \
+    {.name = "retry_open_ms", .env = "K3_RETRY_OPEN_MS", .type = K3_OPT_INT,                       \
+     .offset = offsetof(T, f.open_ms), .def = K3_OPT_STR(K3_CLUSTER_RETRY_OPEN_MS), .min = 0,     \
+     .max = 60000, .metavar = "MS",                                                               \
+     .help = "a worker socket that could not be set up is tried again after this"},               \
+    {.name = "retry_refused_ms", .env = "K3_RETRY_REFUSED_MS", .type = K3_OPT_INT,                 \
+     .offset = offsetof(T, f.refused_ms), .def = K3_OPT_STR(K3_CLUSTER_RETRY_REFUSED_MS),         \
+     .min = 0, .max = 600000, .metavar = "MS",                                                    \
+     .help = "a worker that refused registration is asked again after this"},                     \
+    {.name = "hello_min_ms", .env = "K3_HELLO_MIN_MS", .type = K3_OPT_INT,                         \
+     .offset = offsetof(T, f.hello_min_ms), .def = K3_OPT_STR(K3_CLUSTER_HELLO_MIN_MS),           \
+     .min = 100, .max = 600000, .metavar = "MS",                                                  \
+     .help = "least wait for HELLO_OK before a fresh socket (else 2 x TTL)"},                     \
+    {.name = "handshake_ms", .env = "K3_HANDSHAKE_MS", .type = K3_OPT_INT,                         \
+     .offset = offsetof(T, f.handshake_ms), .def = K3_OPT_STR(K3_LINK_HANDSHAKE_MS_DEFAULT),      \
+     .min = 100, .max = 600000, .metavar = "MS",                                                  \
+     .help = "a ZMTP/CURVE handshake with a worker fails after this"}
+// clang-format on
 
 typedef struct k3_cluster_opts {
     /* Where the workers are: endpoints to connect to, or, when n_workers is
@@ -57,27 +115,28 @@ typedef struct k3_cluster_opts {
     const k3_model_opts *model; /* borrowed */
     int exact;                  /* the --exact switch */
     /* Local workers */
-    const char *worker_bin;         /* NULL: $K3_WORKER_BIN, else k3-worker next to this program */
+    const char *worker_bin;         /* NULL: k3-worker next to this program (k3_worker_bin) */
     const char *const *worker_args; /* extra arguments for every local worker, borrowed */
     int n_worker_args;
     int worker_threads; /* --threads of each local worker, 0 = the model's threads */
     int max_sessions;   /* --max-sessions of local workers, 0 = worker default */
     int max_ctx;        /* --max-ctx of local workers, 0 = worker default */
     /* Liveness and scheduling */
-    int hb_ms;            /* heartbeat interval (TTL = 3 x hb_ms), 100..19000 */
-    int step_timeout_ms;  /* a worker silent this long with work pending is stalled */
-    int ready_timeout_ms; /* k3_cluster_open waits this long for every worker */
-    int request_wait_ms;  /* a step waits this long for a re-registering worker */
-    int pipe_chunk;       /* tokens per pipelined micro-chunk; 0 = split each call
-                             into one piece per stage (at least 8 tokens each) */
+    int hb_ms;              /* heartbeat interval (TTL = 3 x hb_ms), K3_LINK_HB_MS_MIN..MAX */
+    int step_timeout_ms;    /* a worker silent this long with work pending is stalled */
+    int ready_timeout_ms;   /* k3_cluster_open waits this long for every worker */
+    int request_wait_ms;    /* a step waits this long for a re-registering worker */
+    int pipe_chunk;         /* tokens per pipelined micro-chunk; 0 = split each call
+                               into one piece per stage (at least 8 tokens each) */
+    k3_cluster_retry retry; /* back-offs (K3_CLUSTER_RETRY_*) */
     /* Transport security */
     int insecure;             /* allow plain tcp off loopback */
     const char *curve_secret; /* our key pair file (mode 0600) */
     const char *worker_keys;  /* lines "ENDPOINT|* Z85-public-key" */
 } k3_cluster_opts;
 
-/* Defaults: local 2, hb 1000 ms, step timeout 30 s, ready timeout 600 s,
- * request wait TTL, pipe_chunk 0. */
+/* Defaults: local 2, hb K3_LINK_HB_MS_DEFAULT, step and ready timeouts and
+ * retries K3_CLUSTER_*, request wait TTL, pipe_chunk 0. */
 void k3_cluster_opts_default(k3_cluster_opts *o);
 
 /* Starts the I/O thread (and the local workers), registers every worker and
@@ -146,8 +205,9 @@ k3_status k3_cluster_generate(k3_cluster *c, k3_session *s, const int32_t *promp
 
 /* ---- local worker processes (coordinator/cluster_local.c) ---- */
 
-/* Path of the k3-worker program: $K3_WORKER_BIN, else next to
- * /proc/self/exe, else "k3-worker" on PATH. */
+/* Path of the k3-worker program: next to /proc/self/exe (or one folder
+ * up), else "k3-worker" on PATH. The coordinator's --worker-bin /
+ * K3_WORKER_BIN row overrides it through k3_cluster_opts.worker_bin. */
 void k3_worker_bin(char *out, size_t cap);
 
 /* Starts `bin` with argv (argv[0] included, NULL-terminated) and the

@@ -13,6 +13,7 @@
  */
 #include <errno.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,11 +28,6 @@
 extern char **environ;
 
 void k3_worker_bin(char *out, size_t cap) {
-    const char *env = getenv("K3_WORKER_BIN");
-    if (env && *env) {
-        snprintf(out, cap, "%s", env);
-        return;
-    }
     char self[4096];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {
@@ -127,6 +123,96 @@ int k3_worker_stop(pid_t pid, int grace_ms) {
 
 /* ---- --local N ---------------------------------------------------------- */
 
+/* The argument vector of one local worker, sized from the request: every
+ * entry is an owned copy, so one loop frees it whatever it holds. */
+typedef struct arg_vec {
+    char **v; /* [cap]: n entries then NULL, owned */
+    int n, cap;
+} arg_vec;
+
+static void av_add(arg_vec *a, const char *s) {
+    K3_ASSERT(a->n < a->cap - 1); /* counted by local_argc: a miscount is a bug */
+    a->v[a->n++] = k3_xstrdup(s);
+}
+
+static void av_addf(arg_vec *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void av_addf(arg_vec *a, const char *fmt, ...) {
+    char buf[64]; /* numbers and "--flag=N" only */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    av_add(a, buf);
+}
+
+static void av_free(arg_vec *a) {
+    for (int i = 0; i < a->n; i++) free(a->v[i]);
+    free(a->v);
+    a->v = NULL;
+    a->n = a->cap = 0;
+}
+
+/* "--dirs a,b": the shard directories joined again (owned). */
+static char *join_dirs(const k3_model_opts *mo) {
+    size_t len = 1;
+    for (int i = 0; i < mo->n_dirs; i++) len += strlen(mo->dirs[i]) + 1;
+    char *s = k3_xmalloc(len), *p = s;
+    for (int i = 0; i < mo->n_dirs; i++) {
+        if (i) *p++ = ',';
+        size_t n = strlen(mo->dirs[i]);
+        memcpy(p, mo->dirs[i], n);
+        p += n;
+    }
+    *p = 0;
+    return s;
+}
+
+/* Number of argv entries (argv[0] and the NULL included) local_argv passes
+ * for this cluster's settings. */
+static int local_argc(const k3_cluster *c) {
+    const k3_model_opts *mo = c->o.model;
+    int n = 22 + 1; /* bin, 9 flag-value pairs and 3 "--x=N" always given; NULL */
+    n += mo->bits_explicit ? 2 : 0;
+    n += c->o.exact ? 1 : 0;
+    n += c->o.max_sessions > 0 ? 2 : 0;
+    n += c->o.max_ctx > 0 ? 2 : 0;
+    n += mo->n_dirs > 0 ? 2 : 0;
+    return n + c->o.n_worker_args;
+}
+
+/* The argument vector of local worker i serving [a, b). */
+static void local_argv(const k3_cluster *c, int i, int a, int b, const char *bin, int threads,
+                       const char *dirs, arg_vec *av) {
+    const k3_model_opts *mo = c->o.model;
+    int N = c->n;
+    av->cap = local_argc(c);
+    av->n = 0;
+    av->v = k3_xcalloc((size_t)av->cap, sizeof *av->v);
+    av_add(av, bin);
+    av_add(av, "--model"), av_add(av, mo->model_dir);
+    av_add(av, "--layers"), av_addf(av, "%d-%d", a, b);
+    av_add(av, "--listen"), av_add(av, c->st[i].endpoint);
+    av_add(av, "--name"), av_addf(av, "local%d", i);
+    av_add(av, "--hb-ms"), av_addf(av, "%d", c->o.hb_ms);
+    av_add(av, "--mla-bits"), av_addf(av, "%d", mo->mla_bits);
+    av_add(av, "--head-bits"), av_addf(av, "%d", mo->head_bits);
+    av_addf(av, "--idot=%d", mo->idot ? 1 : 0);
+    av_addf(av, "--dense-idot=%d", mo->dense_idot ? 1 : 0);
+    av_add(av, "--threads"), av_addf(av, "%d", threads);
+    av_add(av, "--expert-gb"), av_addf(av, "%.17g", mo->expert_gb / N); /* split, not copied */
+    av_addf(av, "--direct=%d", mo->direct ? 1 : 0);
+    /* --bits only when the coordinator's was explicit: a given K3_BITS
+     * downcasts a repacked int8 container, the default does not */
+    if (mo->bits_explicit) av_add(av, "--bits"), av_addf(av, "%d", mo->bits);
+    if (c->o.exact) av_add(av, "--exact");
+    if (c->o.max_sessions > 0) av_add(av, "--max-sessions"), av_addf(av, "%d", c->o.max_sessions);
+    if (c->o.max_ctx > 0) av_add(av, "--max-ctx"), av_addf(av, "%d", c->o.max_ctx);
+    if (mo->n_dirs > 0) av_add(av, "--dirs"), av_add(av, dirs);
+    for (int k = 0; k < c->o.n_worker_args; k++) av_add(av, c->o.worker_args[k]);
+    K3_ASSERT(av->n == av->cap - 1);
+    av->v[av->n] = NULL;
+}
+
 /* --local N: N workers over ipc:// in a private directory, layers split
  * evenly, numerics and model settings copied from the coordinator's. */
 k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
@@ -148,46 +234,14 @@ k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
      * short spin then futex sleep lets the kernel share the cores. */
     int threads = c->o.worker_threads > 0 ? c->o.worker_threads : mo->threads;
     if (threads < 1) threads = 1;
-    char dirs[4096] = "";
-    for (int i = 0; i < mo->n_dirs; i++) { /* "--dirs a,b": joined again */
-        size_t off = strlen(dirs);
-        cl_fmt(dirs + off, sizeof dirs - off, "%s%s", i ? "," : "", mo->dirs[i]);
-    }
-    for (int i = 0; i < N; i++) {
+    char *dirs = join_dirs(mo);
+    k3_status st = K3_OK;
+    for (int i = 0; i < N && !st; i++) {
         cl_stage *s = &c->st[i];
         int a = (int)((long)i * L / N), b = (int)((long)(i + 1) * L / N);
         cl_fmt(s->endpoint, sizeof s->endpoint, "ipc://%s/w%d", c->tmpdir, i);
-        char v[16][64];
-        cl_fmt(v[0], 64, "%d-%d", a, b);
-        cl_fmt(v[1], 64, "local%d", i);
-        cl_fmt(v[2], 64, "%d", c->o.hb_ms);
-        cl_fmt(v[3], 64, "%d", mo->bits);
-        cl_fmt(v[4], 64, "%d", mo->mla_bits);
-        cl_fmt(v[5], 64, "%d", mo->head_bits);
-        cl_fmt(v[6], 64, "--idot=%d", mo->idot ? 1 : 0);
-        cl_fmt(v[7], 64, "%d", threads);
-        cl_fmt(v[8], 64, "%.17g", mo->expert_gb / N); /* the budget is split, not copied */
-        cl_fmt(v[9], 64, "--direct=%d", mo->direct ? 1 : 0);
-        cl_fmt(v[10], 64, "%d", c->o.max_sessions);
-        cl_fmt(v[11], 64, "%d", c->o.max_ctx);
-        cl_fmt(v[12], 64, "--dense-idot=%d", mo->dense_idot ? 1 : 0);
-        const char *argv[64 + 32];
-        int n = 0;
-        const char *fixed[] = {
-            bin,         "--model",     mo->model_dir, "--layers", v[0],  "--listen",
-            s->endpoint, "--name",      v[1],          "--hb-ms",  v[2],  "--mla-bits",
-            v[4],        "--head-bits", v[5],          v[6],       v[12], "--threads",
-            v[7],        "--expert-gb", v[8],          v[9]};
-        for (size_t k = 0; k < sizeof fixed / sizeof fixed[0]; k++) argv[n++] = fixed[k];
-        /* --bits only when the coordinator's was explicit: a given K3_BITS
-         * downcasts a repacked int8 container, the default does not */
-        if (mo->bits_explicit) argv[n++] = "--bits", argv[n++] = v[3];
-        if (c->o.exact) argv[n++] = "--exact";
-        if (c->o.max_sessions > 0) argv[n++] = "--max-sessions", argv[n++] = v[10];
-        if (c->o.max_ctx > 0) argv[n++] = "--max-ctx", argv[n++] = v[11];
-        if (mo->n_dirs > 0) argv[n++] = "--dirs", argv[n++] = dirs;
-        for (int k = 0; k < c->o.n_worker_args && n < 64 + 30; k++) argv[n++] = c->o.worker_args[k];
-        argv[n] = NULL;
+        arg_vec av;
+        local_argv(c, i, a, b, bin, threads, dirs, &av);
         /* settings the worker reads from the environment only */
         char e[4][64];
         cl_fmt(e[0], 64, "K3_LAYERS=%d", mo->max_layers);
@@ -195,12 +249,15 @@ k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
         cl_fmt(e[2], 64, "K3_PIPE=%d", mo->pipe ? 1 : 0);
         cl_fmt(e[3], 64, "K3_LOAD_THREADS=%d", mo->load_threads);
         char *env[5] = {e[0], e[1], e[2], e[3], NULL};
-        k3_status st = k3_worker_spawn(&s->pid, bin, (char *const *)argv, env, err, errlen);
-        if (st) return st;
-        K3_INFO("cluster: started local worker %d (pid %d) for layers [%d, %d) on %s", i,
-                (int)s->pid, a, b, s->endpoint);
+        /* the child has its own copy of av after fork: freed here either way */
+        st = k3_worker_spawn(&s->pid, bin, av.v, env, err, errlen);
+        av_free(&av);
+        if (!st)
+            K3_INFO("cluster: started local worker %d (pid %d) for layers [%d, %d) on %s", i,
+                    (int)s->pid, a, b, s->endpoint);
     }
-    return K3_OK;
+    free(dirs);
+    return st;
 }
 
 /* Local workers are stopped after the I/O thread sent them SHUTDOWN:

@@ -50,8 +50,8 @@ void k3_engine_open_opts_default(k3_engine_open_opts *o) {
     o->chunk = 32;
     o->progress = 1;
     o->n_sessions = 16;
-    o->max_resumes = 3;
-    o->resume_wait_ms = 60000;
+    o->max_resumes = K3_CLUSTER_RESUMES;
+    o->resume_wait_ms = K3_CLUSTER_RESUME_WAIT_MS;
 }
 
 /* ---- open / close --------------------------------------------------------- */

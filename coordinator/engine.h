@@ -61,7 +61,8 @@ typedef struct k3_engine_open_opts {
 } k3_engine_open_opts;
 
 /* Defaults: no engine options (set .eng), k3_cluster_opts_default (2 local
- * workers), chunk 32, progress on, 16 sessions, 3 resumes of at most 60 s. */
+ * workers), chunk 32, progress on, 16 sessions, K3_CLUSTER_RESUMES resumes of at most
+ * K3_CLUSTER_RESUME_WAIT_MS. */
 void k3_engine_open_opts_default(k3_engine_open_opts *o);
 
 /* Loads the model (the global tensors; every layer too when in-process),

@@ -63,6 +63,9 @@ typedef struct coord_opts {
     int insecure;        /* allow plain tcp off loopback */
     char *curve_secret;  /* our CURVE key pair file */
     char *worker_keys;   /* "ENDPOINT|* KEY" lines */
+    /* local worker program, link back-offs, resumes (coordinator/cluster.h) */
+    char *worker_bin;       /* NULL = k3-worker next to this program */
+    k3_cluster_retry retry; /* K3_CLUSTER_OPT_RETRY_ROWS */
     int help;
 } coord_opts;
 
@@ -199,7 +202,7 @@ static const k3_opt coord_table[] = {
      .env = "K3_STEP_TIMEOUT_MS",
      .type = K3_OPT_INT,
      .offset = O(step_timeout_ms),
-     .def = "30000",
+     .def = K3_OPT_STR(K3_CLUSTER_STEP_TIMEOUT_MS),
      .min = 100,
      .max = 3600000,
      .metavar = "MS",
@@ -232,6 +235,14 @@ static const k3_opt coord_table[] = {
      .offset = O(worker_keys),
      .metavar = "FILE",
      .help = "worker public keys, lines 'ENDPOINT KEY' or '* KEY'"},
+    {.name = "worker_bin",
+     .flag = "--worker-bin",
+     .env = "K3_WORKER_BIN",
+     .type = K3_OPT_STRING,
+     .offset = O(worker_bin),
+     .metavar = "PATH",
+     .help = "k3-worker program for --local workers (default: next to this program)"},
+    K3_CLUSTER_OPT_RETRY_ROWS(coord_opts, retry),
     {.name = "help",
      .flag = "--help",
      .short_flag = 'h',
@@ -503,6 +514,7 @@ static int parse_cli(int argc, char **argv, coord_opts *o, k3_opt_src *src, char
         fprintf(stderr, "k3-coordinator: %s\n", err);
         return 2;
     }
+    k3_engine_opts_apply(&o->eng); /* --log-level, --isa */
     return -1;
 }
 
@@ -525,6 +537,10 @@ static void engine_settings(const coord_opts *o, const k3_opt_src *src, k3_engin
     co->insecure = o->insecure;
     co->curve_secret = o->curve_secret;
     co->worker_keys = o->worker_keys;
+    co->worker_bin = o->worker_bin;
+    co->retry = o->retry;
+    eo->max_resumes = o->retry.resumes;
+    eo->resume_wait_ms = o->retry.resume_wait_ms;
     eo->want_trace = o->trace != NULL;
     eo->chunk = o->chunk;
     eo->progress = 1;

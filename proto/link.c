@@ -1,9 +1,11 @@
 /* proto/link.c: socket options, endpoint policy, CURVE key files, the ZAP
- * handler and the HELLO fingerprint (link.h).
+ * handler, the --worker-keys file and the numeric settings HELLO compares
+ * (link.h).
  *
  * Key files are small text files, one "name = value" line per key:
  *   <prefix>.key   public = <40 Z85>, secret = <40 Z85>   mode 0600
  *   <prefix>.pub   public = <40 Z85>
+ *   worker keys    ENDPOINT <40 Z85> | * <40 Z85>      (the coordinator's)
  * An allow-list holds public keys, bare or as "public = ..." lines, so a
  * .pub file (or several concatenated) is an allow-list. Lines of a secret
  * file are never quoted in an error message: one of them is the key.
@@ -49,9 +51,9 @@ static k3_status set_int(void *s, int opt, int v, const char *name, char *err, s
 
 k3_status k3_link_sockopts_apply(void *sock, const k3_link_sockopts *o, char *err, size_t errlen) {
     /* TTL travels in deciseconds and must stay < 60 s (libzmq #4226). */
-    if (o->hb_ms != 0 && (o->hb_ms < 100 || o->hb_ms > 19000))
-        return k3_errf(K3_ERR_ARG, err, errlen, "heartbeat interval %d ms outside [100, 19000]",
-                       o->hb_ms);
+    if (o->hb_ms != 0 && (o->hb_ms < K3_LINK_HB_MS_MIN || o->hb_ms > K3_LINK_HB_MS_MAX))
+        return k3_errf(K3_ERR_ARG, err, errlen, "heartbeat interval %d ms outside [%d, %d]",
+                       o->hb_ms, K3_LINK_HB_MS_MIN, K3_LINK_HB_MS_MAX);
     if (o->linger_ms < 0 || o->linger_ms > 10000)
         return k3_errf(K3_ERR_ARG, err, errlen, "linger %d ms outside [0, 10000]", o->linger_ms);
     k3_status st = set_int(sock, ZMQ_LINGER, o->linger_ms, "ZMQ_LINGER", err, errlen);
@@ -418,6 +420,40 @@ int k3_allow_list_has(const k3_allow_list *l, const uint8_t key[32]) {
     return 0;
 }
 
+/* Lines "ENDPOINT KEY" or "* KEY" ('#' comments); the last line naming ep
+ * wins, else the last "*" line. */
+k3_status k3_link_worker_key(const char *path, const char *ep, char out[K3_Z85_KEY_LEN + 1],
+                             char *err, size_t errlen) {
+    out[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return k3_errf(K3_ERR_IO, err, errlen, "%s: %s", path, strerror(errno));
+    char line[1024], star[K3_Z85_KEY_LEN + 1] = "";
+    int line_no = 0;
+    k3_status st = K3_OK;
+    while (fgets(line, sizeof line, f)) {
+        line_no++;
+        if (line_no > K3_MAX_ALLOW_KEYS) {
+            st = k3_errf(K3_ERR_LIMIT, err, errlen, "%s: more than %d lines", path,
+                         K3_MAX_ALLOW_KEYS);
+            break;
+        }
+        char e[K3_MAX_ENDPOINT], k[128];
+        if (line[0] == '#' || sscanf(line, "%255s %127s", e, k) != 2) continue;
+        char z[K3_Z85_KEY_LEN + 1];
+        if ((st = k3_link_public_parse(k, z, err, errlen))) {
+            k3_err_prefix(err, errlen, "%s: line %d", path, line_no);
+            break;
+        }
+        if (!strcmp(e, ep))
+            snprintf(out, K3_Z85_KEY_LEN + 1, "%s", z);
+        else if (!strcmp(e, "*"))
+            snprintf(star, sizeof star, "%s", z);
+    }
+    fclose(f);
+    if (!st && !out[0]) snprintf(out, K3_Z85_KEY_LEN + 1, "%s", star);
+    return st;
+}
+
 k3_status k3_link_curve_server(void *sock, const k3_curve_keypair *kp, char *err, size_t errlen) {
     k3_status st = set_int(sock, ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER", err, errlen);
     if (!st && zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, kp->secret_z85, K3_Z85_KEY_LEN) != 0)
@@ -578,49 +614,16 @@ void k3_zap_close(k3_zap **zp) {
 
 uint64_t k3_zap_refused(const k3_zap *z) { return z ? atomic_load(&((k3_zap *)z)->refused) : 0; }
 
-/* ---- fingerprint and numerics ---- */
+/* ---- numerics ---- */
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-/* FNV-1a is enough here: the fingerprint guards against mistakes (another
- * checkpoint, another config), not against an attacker, whom CURVE keeps
- * out. */
-k3_status k3_link_fingerprint(const char *model_dir, const k3_config *cfg, double topp,
-                              uint64_t *out, char *err, size_t errlen) {
-    uint64_t h = 1469598103934665603ull;
-    uint64_t cfp = k3_config_fingerprint(cfg);
-    h = fnv(h, &cfp, sizeof cfp);
-    h = fnv(h, &topp, sizeof topp);
-    char path[4200];
-    if (snprintf(path, sizeof path, "%s/model.safetensors.index.json", model_dir) >=
-        (int)sizeof path)
-        return k3_errf(K3_ERR_ARG, err, errlen, "model directory path too long");
-    if (access(path, F_OK) == 0) {
-        char *buf;
-        size_t len;
-        k3_status st = read_small(path, K3_MAX_INDEX_BYTES, &buf, &len, 0, err, errlen);
-        if (st) return st;
-        h = fnv(h, buf, len);
-        free(buf);
-    }
-    *out = h;
-    return K3_OK;
-}
-
-void k3_link_numerics(const k3_model_opts *o, int exact, proto_numerics *out) {
+void k3_link_numerics(int bits, int mla_bits, int head_bits, int idot, int dense_idot, int exact,
+                      proto_numerics *out) {
     memset(out, 0, sizeof *out);
-    out->bits = (uint32_t)o->bits;
-    out->mla_bits = (uint32_t)o->mla_bits;
-    out->head_bits = (uint32_t)o->head_bits;
-    out->idot = o->idot != 0;
-    out->dense_idot = o->dense_idot != 0;
+    out->bits = (uint32_t)bits;
+    out->mla_bits = (uint32_t)mla_bits;
+    out->head_bits = (uint32_t)head_bits;
+    out->idot = idot != 0;
+    out->dense_idot = dense_idot != 0;
     out->isa = (uint32_t)k3_isa_active();
     out->exact = exact != 0;
 }

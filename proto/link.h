@@ -5,8 +5,11 @@
  * handshake and reconnect intervals, frame size limit), endpoint
  * classification (which endpoints may run without CURVE), CURVE key files
  * (keygen output, secret files checked for mode 0600 at load, allow-lists),
- * the ZAP handler thread that makes a CURVE server fail closed, the cluster
- * fingerprint carried in HELLO, and the numeric settings of a model.
+ * the --worker-keys file (each worker's server key), the ZAP handler thread
+ * that makes a CURVE server fail closed, and the numeric settings HELLO
+ * compares. The model fingerprint HELLO carries is the engine's
+ * (k3_model_fingerprint_dir, common/engine/model.h): proto/ sees it as a
+ * plain uint64_t and does not depend on the engine.
  * Borrows: the zmq context and sockets passed in (never closes them, except
  * the ZAP handler's own socket).
  * Threads: every function is reentrant; a k3_zap runs its own thread and is
@@ -24,18 +27,24 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "common/ckpt/config.h"
 #include "common/base/err.h"
-#include "common/engine/model.h"
-#include "proto/proto.h"
 #include "common/base/opts.h"
+#include "proto/proto.h"
 
 /* Build identity sent in HELLO / HELLO_OK (logged, never compared). */
 #define K3_LINK_BUILD "k3shard proto 1.1"
 
-/* Default heartbeat interval (HB). TTL = 3 x HB (docs/TESTING.md 6.1). */
+/* Heartbeat interval (HB): default and range, used by the option row
+ * below, k3_link_sockopts_apply and k3_cluster_open alike. TTL = 3 x HB
+ * (docs/TESTING.md 6.1); ZMTP carries TTL in deciseconds and libzmq needs it
+ * < 60 s and >= 100 ms (libzmq #4226), hence 100..19000. */
 #define K3_LINK_HB_MS_DEFAULT 1000
+#define K3_LINK_HB_MS_MIN     100
+#define K3_LINK_HB_MS_MAX     19000
 #define K3_LINK_LIVENESS      3
+/* ZMQ_HANDSHAKE_IVL of both programs' sockets: a stuck or refused CURVE
+ * handshake fails after this (the coordinator's K3_HANDSHAKE_MS row). */
+#define K3_LINK_HANDSHAKE_MS_DEFAULT 5000
 
 /* Socket options of a cluster socket. */
 typedef struct k3_link_sockopts {
@@ -44,7 +53,7 @@ typedef struct k3_link_sockopts {
     int handshake_ms; /* ZMQ_HANDSHAKE_IVL: a stuck or refused CURVE handshake fails fast */
 } k3_link_sockopts;
 
-/* hb_ms in [100, 20000] (TTL must stay < 60 s and >= 100 ms, libzmq #4226).
+/* hb_ms 0 (off) or in [K3_LINK_HB_MS_MIN, K3_LINK_HB_MS_MAX].
  * Sets LINGER, HEARTBEAT_IVL/TIMEOUT/TTL, HANDSHAKE_IVL, RECONNECT_IVL 100 ms
  * (max 2 s), SNDHWM/RCVHWM and ZMQ_MAXMSGSIZE (proto_socket_limit). Call
  * before bind/connect. */
@@ -106,6 +115,14 @@ k3_status k3_allow_list_load(const char *path, k3_allow_list *out, char *err, si
 void k3_allow_list_free(k3_allow_list *l);
 int k3_allow_list_has(const k3_allow_list *l, const uint8_t key[32]);
 
+/* The coordinator's --worker-keys file: lines "ENDPOINT KEY" (a bare Z85
+ * key, as k3_link_public_parse reads it) or "* KEY" for every other
+ * endpoint; '#' comment lines and lines without two words are skipped; at
+ * most K3_MAX_ALLOW_KEYS lines. out receives the server key for ep (a line naming
+ * it beats "*"), or "" when none applies. */
+k3_status k3_link_worker_key(const char *path, const char *ep, char out[K3_Z85_KEY_LEN + 1],
+                             char *err, size_t errlen);
+
 /* Makes sock a CURVE server with this key pair, ZAP domain "k3shard" and
  * ZMQ_ZAP_ENFORCE_DOMAIN = 1 (fail closed). Before bind. */
 k3_status k3_link_curve_server(void *sock, const k3_curve_keypair *kp, char *err, size_t errlen);
@@ -128,17 +145,11 @@ uint64_t k3_zap_refused(const k3_zap *z); /* clients refused so far */
 
 /* ---- what HELLO compares ---- */
 
-/* The cluster fingerprint: FNV-1a over the config fingerprint (geometry and
- * schedules), the bytes of model.safetensors.index.json when present (the
- * tensor index: every name and its shard) and the routing top-p, which no
- * numeric setting carries. The same on every process of one cluster,
- * whatever its layer range (k3_model_fingerprint includes the range, so it
- * cannot be used on the wire). */
-k3_status k3_link_fingerprint(const char *model_dir, const k3_config *cfg, double topp,
-                              uint64_t *out, char *err, size_t errlen);
-
-/* The numeric settings of a model's options (isa: the level in use). */
-void k3_link_numerics(const k3_model_opts *o, int exact, proto_numerics *out);
+/* The numeric settings of a process: the engine's load-time bits and
+ * integer-dot switches (k3_model_opts fields, passed as plain values), the
+ * --exact switch, and the kernel level in use. */
+void k3_link_numerics(int bits, int mla_bits, int head_bits, int idot, int dense_idot, int exact,
+                      proto_numerics *out);
 
 /* ---- option rows both programs use (common/base/opts.h tables) ----
  * One definition of the link settings each side of a link reads, so the
@@ -147,7 +158,8 @@ void k3_link_numerics(const k3_model_opts *o, int exact, proto_numerics *out);
 // clang-format off
 #define K3_LINK_OPT_HB_MS(T, f)                                                                    \
     {.name = "hb_ms", .flag = "--hb-ms", .env = "K3_HB_MS", .type = K3_OPT_INT,                   \
-     .offset = offsetof(T, f), .def = "1000", .min = 100, .max = 19000, .metavar = "MS",          \
+     .offset = offsetof(T, f), .def = K3_OPT_STR(K3_LINK_HB_MS_DEFAULT),                          \
+     .min = K3_LINK_HB_MS_MIN, .max = K3_LINK_HB_MS_MAX, .metavar = "MS",                         \
      .help = "heartbeat interval; a peer is dead after 3 silent intervals"}
 #define K3_LINK_OPT_INSECURE(T, f)                                                                 \
     {.name = "insecure", .flag = "--insecure", .type = K3_OPT_BOOL, .offset = offsetof(T, f),     \

@@ -695,12 +695,18 @@ static k3_status decode_version(const msgpack_object *o, proto_msg *out, char *e
     return K3_OK;
 }
 
-/* The envelope map into *out (zeroed by the caller). Order of work: shape
- * and key count, key types, version, type, then every field, then what is
- * missing, then the shared validation. The first failure wins; out->type
- * and out->id are filled as early as possible for the ERROR reply. */
-static k3_status decode_map(const msgpack_object *root, proto_msg *out, char *err, size_t errlen) {
-    char got[96], kp[200];
+/* Where the envelope's own keys sit in the map: index of v, t and id,
+ * -1 when absent. */
+typedef struct env_keys {
+    int v, t, id;
+} env_keys;
+
+/* Step 1: the shape (a map of at most K3_PROTO_MAX_KEYS string keys) and
+ * where v, t and id are, whatever their order, so the version is judged
+ * before anything else and the id is known for the ERROR reply even if a
+ * later field is bad. */
+static k3_status decode_keys(const msgpack_object *root, env_keys *ek, char *err, size_t errlen) {
+    char got[96];
     if (root->type != MSGPACK_OBJECT_MAP) {
         obj_describe(root, got, sizeof got);
         return k3_errf(K3_ERR_PROTO, err, errlen, "envelope: expected a map, got %s", got);
@@ -710,11 +716,7 @@ static k3_status decode_map(const msgpack_object *root, proto_msg *out, char *er
     if (n > K3_PROTO_MAX_KEYS)
         return k3_errf(K3_ERR_LIMIT, err, errlen,
                        "envelope: %u keys > limit %d (K3_PROTO_MAX_KEYS)", n, K3_PROTO_MAX_KEYS);
-
-    /* Pass 1: key types; find v, t and id (read first, whatever their order,
-     * so the version is judged before anything else and the id is known for
-     * the ERROR reply even if a later field is bad). */
-    int iv = -1, it = -1, iid = -1;
+    *ek = (env_keys){-1, -1, -1};
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *k = &kv[i].key;
         if (k->type != MSGPACK_OBJECT_STR) {
@@ -722,49 +724,84 @@ static k3_status decode_map(const msgpack_object *root, proto_msg *out, char *er
             return k3_errf(K3_ERR_PROTO, err, errlen, "envelope: key #%u: expected string, got %s",
                            i, got);
         }
-        int *slot = key_is(k, "v") ? &iv : key_is(k, "t") ? &it : key_is(k, "id") ? &iid : NULL;
+        int *slot = key_is(k, "v")    ? &ek->v
+                    : key_is(k, "t")  ? &ek->t
+                    : key_is(k, "id") ? &ek->id
+                                      : NULL;
         if (!slot) continue;
         if (*slot >= 0)
             return k3_errf(K3_ERR_PROTO, err, errlen, "envelope: duplicate key '%.*s'",
                            (int)k->via.str.size, k->via.str.ptr);
         *slot = (int)i;
     }
-    if (iv < 0)
+    return K3_OK;
+}
+
+/* Step 2: the version, the id (best effort, validated in step 3) and the
+ * type, which picks the schema. */
+static k3_status decode_header(const msgpack_object_kv *kv, const env_keys *ek, proto_msg *out,
+                               char *err, size_t errlen) {
+    if (ek->v < 0)
         return k3_errf(K3_ERR_MISSING, err, errlen, "envelope: missing key 'v' (protocol version)");
-    k3_status st = decode_version(&kv[iv].val, out, err, errlen);
+    k3_status st = decode_version(&kv[ek->v].val, out, err, errlen);
     if (st) return st;
-    if (iid >= 0 && kv[iid].val.type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-        out->id = kv[iid].val.via.u64; /* best effort, validated below */
-    if (it < 0)
+    if (ek->id >= 0 && kv[ek->id].val.type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        out->id = kv[ek->id].val.via.u64;
+    if (ek->t < 0)
         return k3_errf(K3_ERR_MISSING, err, errlen, "envelope: missing key 't' (message type)");
     uint64_t t;
-    st = want_uint(&kv[it].val, "envelope", "t", UINT64_MAX, &t, err, errlen);
+    st = want_uint(&kv[ek->t].val, "envelope", "t", UINT64_MAX, &t, err, errlen);
     if (st) return st;
     if (t == 0 || t >= PROTO_MSG_COUNT)
         return k3_errf(K3_ERR_PROTO, err, errlen,
                        "envelope: unknown message type %" PRIu64 " (known 1..%d)", t,
                        PROTO_MSG_COUNT - 1);
     out->type = (proto_type)t;
-    const char *tn = proto_type_name(out->type);
-    const msg_schema *s = &schemas[out->type];
+    return K3_OK;
+}
 
-    /* Pass 2: every other key. seen: bit i = schema field i; id and ep use
-     * their own flags (v, t, id duplicates were caught in pass 1). */
-    uint64_t seen = 0;
-    bool seen_ep = false;
+/* An unknown key: a bug from a peer of our minor or older, an optional
+ * addition from a newer one (PROTOCOL.md 3, 10), counted, unless it
+ * repeats an earlier key of the map. */
+static k3_status decode_unknown(const msgpack_object_kv *kv, uint32_t i, const char *tn,
+                                proto_msg *out, char *err, size_t errlen) {
+    const msgpack_object *k = &kv[i].key;
+    char kp[200];
+    key_print(kp, sizeof kp, k->via.str.ptr, k->via.str.size);
+    if (out->ver_minor <= PROTO_VERSION_MINOR)
+        return k3_errf(K3_ERR_PROTO, err, errlen, "%s: unknown key '%s' (not in protocol %u.%u)",
+                       tn, kp, out->ver_major, out->ver_minor);
+    for (uint32_t p = 0; p < i; p++)
+        if (kv[p].key.via.str.size == k->via.str.size &&
+            memcmp(kv[p].key.via.str.ptr, k->via.str.ptr, k->via.str.size) == 0)
+            return k3_errf(K3_ERR_PROTO, err, errlen, "%s: duplicate key '%s'", tn, kp);
+    out->n_ignored++;
+    return K3_OK;
+}
+
+/* Step 3: every key but v and t, through the type's schema. *seen: bit j =
+ * schema field j; id and ep have their own flags (v, t, id duplicates were
+ * caught in step 1). */
+static k3_status decode_fields(const msgpack_object_kv *kv, uint32_t n, const env_keys *ek,
+                               const msg_schema *s, proto_msg *out, uint64_t *seen, bool *seen_ep,
+                               char *err, size_t errlen) {
+    const char *tn = proto_type_name(out->type);
+    k3_status st;
+    *seen = 0;
+    *seen_ep = false;
     for (uint32_t i = 0; i < n; i++) {
         const msgpack_object *k = &kv[i].key, *val = &kv[i].val;
         uint64_t v;
-        if ((int)i == iv || (int)i == it) continue;
-        if ((int)i == iid) {
+        if ((int)i == ek->v || (int)i == ek->t) continue;
+        if ((int)i == ek->id) {
             st = want_uint(val, tn, "id", UINT64_MAX, &v, err, errlen);
             if (st) return st;
             out->id = v;
             continue;
         }
         if (key_is(k, "ep")) {
-            if (seen_ep) return k3_errf(K3_ERR_PROTO, err, errlen, "%s: duplicate key 'ep'", tn);
-            seen_ep = true;
+            if (*seen_ep) return k3_errf(K3_ERR_PROTO, err, errlen, "%s: duplicate key 'ep'", tn);
+            *seen_ep = true;
             st = want_uint(val, tn, "ep", UINT64_MAX, &v, err, errlen);
             if (st) return st;
             out->epoch = v;
@@ -772,30 +809,26 @@ static k3_status decode_map(const msgpack_object *root, proto_msg *out, char *er
         }
         int j = 0;
         while (j < s->n && !key_is(k, s->f[j].key)) j++;
-        if (j < s->n) {
-            if (seen & (1ull << j))
-                return k3_errf(K3_ERR_PROTO, err, errlen, "%s: duplicate key '%s'", tn,
-                               s->f[j].key);
-            seen |= 1ull << j;
-            st = decode_field(out, &s->f[j], val, tn, err, errlen);
-            if (st) return st;
+        if (j == s->n) {
+            if ((st = decode_unknown(kv, i, tn, out, err, errlen))) return st;
             continue;
         }
-        /* unknown key: a bug from a peer of our minor or older, an optional
-         * addition from a newer one (PROTOCOL.md 3, 10) */
-        key_print(kp, sizeof kp, k->via.str.ptr, k->via.str.size);
-        if (out->ver_minor <= PROTO_VERSION_MINOR)
-            return k3_errf(K3_ERR_PROTO, err, errlen,
-                           "%s: unknown key '%s' (not in protocol %u.%u)", tn, kp, out->ver_major,
-                           out->ver_minor);
-        for (uint32_t p = 0; p < i; p++)
-            if (kv[p].key.via.str.size == k->via.str.size &&
-                memcmp(kv[p].key.via.str.ptr, k->via.str.ptr, k->via.str.size) == 0)
-                return k3_errf(K3_ERR_PROTO, err, errlen, "%s: duplicate key '%s'", tn, kp);
-        out->n_ignored++;
+        if (*seen & (1ull << j))
+            return k3_errf(K3_ERR_PROTO, err, errlen, "%s: duplicate key '%s'", tn, s->f[j].key);
+        *seen |= 1ull << j;
+        st = decode_field(out, &s->f[j], val, tn, err, errlen);
+        if (st) return st;
     }
+    return K3_OK;
+}
 
-    if (iid < 0) return k3_errf(K3_ERR_MISSING, err, errlen, "%s: missing key 'id'", tn);
+/* Step 4: what is missing. Every schema field is required except those
+ * added in 1.1 (from a 1.0 peer) and the stats group, which is all present
+ * or all absent (FORWARD_DONE's has_stats says which). */
+static k3_status decode_missing(const msg_schema *s, uint64_t seen, bool seen_id, bool seen_ep,
+                                proto_msg *out, char *err, size_t errlen) {
+    const char *tn = proto_type_name(out->type);
+    if (!seen_id) return k3_errf(K3_ERR_MISSING, err, errlen, "%s: missing key 'id'", tn);
     if (!seen_ep) return k3_errf(K3_ERR_MISSING, err, errlen, "%s: missing key 'ep'", tn);
     int n_stats = 0, n_stats_seen = 0;
     const char *stats_have = NULL, *stats_miss = NULL;
@@ -817,7 +850,27 @@ static k3_status decode_map(const msgpack_object *root, proto_msg *out, char *er
                        "%s: stats keys must be all present or all absent: got '%s', missing '%s'",
                        tn, stats_have, stats_miss);
     if (out->type == PROTO_MSG_FORWARD_DONE) out->u.forward_done.has_stats = n_stats_seen > 0;
-    return proto_validate(out, err, errlen);
+    return K3_OK;
+}
+
+/* The envelope map into *out (zeroed by the caller), driven by the type's
+ * schema (the table encode and proto_validate use). Order of work: shape
+ * and key types, version, type, then every field, then what is missing,
+ * then the shared validation. The first failure wins; out->type and out->id
+ * are filled as early as possible for the ERROR reply. */
+static k3_status decode_map(const msgpack_object *root, proto_msg *out, char *err, size_t errlen) {
+    env_keys ek;
+    k3_status st = decode_keys(root, &ek, err, errlen);
+    if (!st) st = decode_header(root->via.map.ptr, &ek, out, err, errlen);
+    if (st) return st;
+    const msg_schema *s = &schemas[out->type];
+    uint64_t seen;
+    bool seen_ep;
+    st = decode_fields(root->via.map.ptr, root->via.map.size, &ek, s, out, &seen, &seen_ep, err,
+                       errlen);
+    if (!st) st = decode_missing(s, seen, ek.id >= 0, seen_ep, out, err, errlen);
+    if (!st) st = proto_validate(out, err, errlen);
+    return st;
 }
 
 /* The msgpack-c traps (docs/TESTING.md 6.4) and how each is closed here:

@@ -453,7 +453,7 @@ static void test_malformed_worker(void) {
     uint8_t env[PROTO_ENCODE_CAP];
     size_t env_len;
     uint64_t fp;
-    k3_link_fingerprint(g_dir, g_cfg, g_mo.topp, &fp, err, sizeof err);
+    k3_model_fingerprint_dir(g_dir, g_cfg, g_mo.topp, &fp, err, sizeof err);
     int sent_bad = 0; /* messages the worker must count as malformed */
 
     /* before HELLO: a valid STATS gets "not registered" */
@@ -467,7 +467,8 @@ static void test_malformed_worker(void) {
 
     /* HELLO with a wrong fingerprint, then the right one */
     proto_msg_init(&m, PROTO_MSG_HELLO, 2, 7);
-    k3_link_numerics(&g_mo, 0, &m.u.hello.num);
+    k3_link_numerics(g_mo.bits, g_mo.mla_bits, g_mo.head_bits, g_mo.idot, g_mo.dense_idot, 0,
+                     &m.u.hello.num);
     m.u.hello.fingerprint = fp ^ 1;
     proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
     raw_send(s, env, env_len, NULL, NULL, 0);
@@ -505,7 +506,8 @@ static void test_malformed_worker(void) {
         proto_msg_init(&m, types[ti], 100 + ti, EP);
         if (types[ti] == PROTO_MSG_HELLO) {
             m.u.hello.fingerprint = fp;
-            k3_link_numerics(&g_mo, 0, &m.u.hello.num);
+            k3_link_numerics(g_mo.bits, g_mo.mla_bits, g_mo.head_bits, g_mo.idot, g_mo.dense_idot,
+                             0, &m.u.hello.num);
         } else if (types[ti] == PROTO_MSG_FORWARD) {
             m.u.forward =
                 (proto_forward){.session = 9, .step = 1, .n_tokens = 1, .hidden = (uint32_t)g_D};
@@ -720,7 +722,7 @@ static void *fake_main(void *p) {
     zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
     zmq_bind(s, f->ep);
     uint64_t fp;
-    k3_link_fingerprint(g_dir, g_cfg, g_mo.topp, &fp, err, sizeof err);
+    k3_model_fingerprint_dir(g_dir, g_cfg, g_mo.topp, &fp, err, sizeof err);
     proto_frames fr;
     memset(&fr, 0, sizeof fr);
     proto_peer peer = {{0}, 0};
@@ -1165,6 +1167,33 @@ static void test_eviction(void) {
           "closing the cluster stops its local workers (%.0f ms)", ms_now() - t0);
 }
 
+/* --local workers with a request far over the argv the launcher once had
+ * room for (96 entries): 300 extra worker arguments, the last two naming
+ * the worker, so the name it registers with shows the tail arrived. */
+static void test_local_wide(void) {
+    k3_cluster_opts o;
+    cluster_opts(&o);
+    enum { N_EXTRA = 302 };
+    const char *args[N_EXTRA];
+    for (int i = 0; i < N_EXTRA - 2; i++) args[i] = "--no-bench";
+    args[N_EXTRA - 2] = "--name";
+    args[N_EXTRA - 1] = "wide";
+    o.worker_args = args;
+    o.n_worker_args = N_EXTRA;
+    o.local = 2;
+    k3_cluster *cl = NULL;
+    k3_status st = k3_cluster_open(&cl, g_cfg, &o, err, sizeof err);
+    int named = 0;
+    for (int i = 0; !st && i < k3_cluster_stages(cl); i++) {
+        k3_stage_info inf;
+        k3_cluster_stage_info(cl, i, &inf);
+        named += !strcmp(inf.name, "wide");
+    }
+    CHECK(!st && named == 2, "--local 2 with %d extra worker arguments: both up as 'wide'%s%s",
+          N_EXTRA, st ? ": " : "", st ? err : "");
+    k3_cluster_close(&cl);
+}
+
 /* A worker that never answers: open fails in time, nothing hangs. */
 static void test_unreachable(void) {
     k3_cluster_opts o;
@@ -1225,6 +1254,7 @@ int main(int argc, char **argv) {
     if (!only || strstr(only, "liveness")) test_liveness();
     if (!only || strstr(only, "eviction")) test_eviction();
     if (!only || strstr(only, "unreachable")) test_unreachable();
+    if (!only || strstr(only, "wide")) test_local_wide();
 
     zmq_ctx_term(g_zctx);
     k3_model_close(&g_full);

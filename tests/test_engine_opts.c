@@ -1,16 +1,23 @@
 /* tests/test_engine_opts.c: the engine rows both programs share
  * (common/engine/engine_opts.h): embedded at a non-zero offset of a program's
  * struct, defaults, flags and variables land in the right fields, --exact
- * and its conflicts, the copy into k3_model_opts and the usage path, and
- * --help listing every row. */
+ * and its conflicts, the copy into k3_model_opts and the usage path,
+ * --help listing every row, the process-wide rows (--log-level / K3_LOG,
+ * --isa / K3_ISA) and their application, and the coordinator's link rows
+ * (heartbeat, back-offs, resumes), whose defaults must be
+ * k3_cluster_opts_default's. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/base/log.h"
+#include "common/base/opts.h"
 #include "common/engine/engine_opts.h"
 #include "common/engine/model.h"
-#include "common/base/opts.h"
+#include "common/kernels/kernels.h"
+#include "coordinator/cluster.h"
+#include "proto/link.h"
 #include "tests/test.h"
 
 /* A program's struct: own fields around the embedded engine settings, so a
@@ -44,12 +51,134 @@ static const k3_opt table[] = {
 #define N_TABLE ((int)(sizeof table / sizeof table[0]))
 
 static void clear_env(void) {
-    const char *vars[] = {"K3_MODEL",      "K3_EXACT",    "K3_THREADS",   "K3_DIRS",
-                          "K3_BITS",       "K3_MLA_BITS", "K3_HEAD_BITS", "K3_IDOT",
-                          "K3_EXPERT_GB",  "K3_DIRECT",   "K3_USAGE",     "COLI_USAGE",
-                          "K3_USAGE_SAVE", "USAGE_SAVE",  "K3_PIPE",      "K3_LOAD_THREADS",
-                          "K3_TOPP",       "K3_LAYERS",   "K3_DENSE_IDOT"};
+    const char *vars[] = {"K3_MODEL",         "K3_EXACT",         "K3_THREADS",
+                          "K3_DIRS",          "K3_BITS",          "K3_MLA_BITS",
+                          "K3_HEAD_BITS",     "K3_IDOT",          "K3_EXPERT_GB",
+                          "K3_DIRECT",        "K3_USAGE",         "COLI_USAGE",
+                          "K3_USAGE_SAVE",    "USAGE_SAVE",       "K3_PIPE",
+                          "K3_LOAD_THREADS",  "K3_TOPP",          "K3_LAYERS",
+                          "K3_DENSE_IDOT",    "K3_LOG",           "K3_ISA",
+                          "K3_HB_MS",         "K3_RESUMES",       "K3_RESUME_WAIT_MS",
+                          "K3_RETRY_LOST_MS", "K3_RETRY_OPEN_MS", "K3_RETRY_REFUSED_MS",
+                          "K3_HELLO_MIN_MS",  "K3_HANDSHAKE_MS"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
+}
+
+static k3_status parse(popts *o, char *err, const char *a0, ...);
+
+/* The coordinator's link rows, as its table has them. */
+typedef struct lopts {
+    int hb_ms;
+    k3_cluster_retry retry;
+} lopts;
+
+static const k3_opt link_table[] = {
+    K3_LINK_OPT_HB_MS(lopts, hb_ms),
+    K3_CLUSTER_OPT_RETRY_ROWS(lopts, retry),
+};
+#define N_LINK ((int)(sizeof link_table / sizeof link_table[0]))
+
+static k3_status parse_link(lopts *o, char *err, const char *a0, ...) {
+    char *argv[32];
+    int argc = 0;
+    argv[argc++] = "prog";
+    va_list ap;
+    va_start(ap, a0);
+    for (const char *a = a0; a && argc < 31; a = va_arg(ap, const char *)) argv[argc++] = (char *)a;
+    va_end(ap);
+    argv[argc] = NULL;
+    char *pos[32];
+    int npos = 0;
+    memset(o, 0, sizeof *o);
+    err[0] = 0;
+    return k3_opts_parse(link_table, N_LINK, o, NULL, argc, argv, pos, &npos, err, 256);
+}
+
+/* The log level and ISA rows, and the link rows (one default each). */
+static void test_process_and_link_rows(void) {
+    popts o;
+    char err[256];
+    k3_status st;
+    clear_env();
+    st = parse(&o, err, NULL);
+    CHECK(st == K3_OK && o.eng.log_level == K3_LOG_INFO && o.eng.isa == K3_ISA_AUTO,
+          "defaults: log level info, isa auto (%s)", err);
+    k3_opts_free(table, N_TABLE, &o);
+    setenv("K3_LOG", "warn", 1);
+    setenv("K3_ISA", "scalar", 1);
+    st = parse(&o, err, NULL);
+    CHECK(st == K3_OK && o.eng.log_level == K3_LOG_WARN && o.eng.isa == K3_ISA_SCALAR,
+          "K3_LOG=warn, K3_ISA=scalar (%s)", err);
+    k3_opts_free(table, N_TABLE, &o);
+    st = parse(&o, err, "--log-level", "debug", "--isa=avx2", NULL);
+    CHECK(st == K3_OK && o.eng.log_level == K3_LOG_DEBUG && o.eng.isa == K3_ISA_AVX2,
+          "--log-level debug and --isa=avx2 beat the variables (%s)", err);
+    k3_opts_free(table, N_TABLE, &o);
+    setenv("K3_LOG", "verbose", 1);
+    st = parse(&o, err, "--log-level", "debug", NULL);
+    CHECK(st == K3_ERR_ARG &&
+              !strcmp(err, "K3_LOG=verbose: must be one of debug, info, warn, error"),
+          "a bad K3_LOG is an error naming the variable, the value and the levels: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    unsetenv("K3_LOG");
+    setenv("K3_ISA", "sse", 1);
+    st = parse(&o, err, NULL);
+    CHECK(st == K3_ERR_ARG && !strcmp(err, "K3_ISA=sse: must be one of auto, scalar, avx2, avx512"),
+          "a bad K3_ISA: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    clear_env();
+
+    /* applying them: what main() does after parsing */
+    st = parse(&o, err, "--log-level", "error", "--isa", "scalar", NULL);
+    k3_engine_opts_apply(&o.eng);
+    CHECK(st == K3_OK && !k3_log_enabled(K3_LOG_WARN) && k3_log_enabled(K3_LOG_ERROR) &&
+              k3_isa_active() == K3_ISA_SCALAR,
+          "k3_engine_opts_apply: log level error, scalar kernels (active %s)",
+          k3_isa_name(k3_isa_active()));
+    k3_opts_free(table, N_TABLE, &o);
+    st = parse(&o, err, NULL);
+    k3_engine_opts_apply(&o.eng);
+    CHECK(st == K3_OK && k3_log_enabled(K3_LOG_INFO) && k3_isa_active() == k3_isa_detect(),
+          "defaults applied: info, the detected level (%s)", k3_isa_name(k3_isa_active()));
+    k3_opts_free(table, N_TABLE, &o);
+
+    /* link rows: the table's defaults are the cluster's */
+    lopts l;
+    k3_cluster_opts co;
+    k3_cluster_opts_default(&co);
+    st = parse_link(&l, err, NULL);
+    CHECK(st == K3_OK && l.hb_ms == co.hb_ms && l.hb_ms == K3_LINK_HB_MS_DEFAULT &&
+              !memcmp(&l.retry, &co.retry, sizeof l.retry),
+          "link rows: defaults = k3_cluster_opts_default's (hb %d, resumes %d, wait %d ms)",
+          l.hb_ms, l.retry.resumes, l.retry.resume_wait_ms);
+    CHECK(l.retry.resumes == 3 && l.retry.resume_wait_ms == 60000 && l.retry.lost_ms == 100 &&
+              l.retry.open_ms == 1000 && l.retry.refused_ms == 5000 &&
+              l.retry.hello_min_ms == 2000 && l.retry.handshake_ms == 5000 &&
+              co.step_timeout_ms == 30000 && co.ready_timeout_ms == 600000,
+          "the values the code had: 3 resumes x 60 s, retries 100/1000/5000 ms, HELLO >= 2 s, "
+          "handshake 5 s, step 30 s, ready 600 s");
+    setenv("K3_RESUMES", "5", 1);
+    setenv("K3_RETRY_REFUSED_MS", "250", 1);
+    setenv("K3_HB_MS", "200", 1);
+    st = parse_link(&l, err, NULL);
+    CHECK(st == K3_OK && l.retry.resumes == 5 && l.retry.refused_ms == 250 && l.hb_ms == 200,
+          "K3_RESUMES=5, K3_RETRY_REFUSED_MS=250, K3_HB_MS=200 (%s)", err);
+    st = parse_link(&l, err, "--resumes", "0", "--hb-ms", "300", NULL);
+    CHECK(st == K3_OK && l.retry.resumes == 0 && l.hb_ms == 300,
+          "--resumes 0 and --hb-ms 300 beat the variables (%s)", err);
+    clear_env();
+    st = parse_link(&l, err, "--hb-ms", "19001", NULL);
+    CHECK(st == K3_ERR_ARG && !strcmp(err, "--hb-ms: 19001 is outside 100..19000"),
+          "the heartbeat range is K3_LINK_HB_MS_MIN..MAX: '%s'", err);
+    setenv("K3_HELLO_MIN_MS", "50", 1);
+    st = parse_link(&l, err, NULL);
+    CHECK(st == K3_ERR_ARG && !strcmp(err, "K3_HELLO_MIN_MS: 50 is outside 100..600000"),
+          "K3_HELLO_MIN_MS=50: '%s'", err);
+    clear_env();
+    k3_link_sockopts so = {.hb_ms = K3_LINK_HB_MS_MAX + 1};
+    st = k3_link_sockopts_apply(NULL, &so, err, sizeof err);
+    CHECK(st == K3_ERR_ARG && !strcmp(err, "heartbeat interval 19001 ms outside [100, 19000]"),
+          "k3_link_sockopts_apply checks the same range: '%s'", err);
 }
 
 /* Parses a NULL-terminated argument list (argv[0] added) and resolves
@@ -186,14 +315,29 @@ int main(void) {
     FILE *f = tmpfile();
     k3_opts_help(f, "usage: prog", table, N_TABLE);
     rewind(f);
-    char text[8192];
+    char text[16384];
     size_t n = fread(text, 1, sizeof text - 1, f);
     text[n] = 0;
     fclose(f);
-    const char *want[] = {"--model DIR", "--exact",      "--threads N",     "--dirs D1,D2",
-                          "--bits B",    "--mla-bits B", "--head-bits B",   "--idot[=0]",
-                          "--expert-gb", "--direct[=0]", "--usage PATH",    "K3_USAGE_SAVE=0|1",
-                          "K3_PIPE=0|1", "K3_TOPP=P",    "K3_LOAD_THREADS", "K3_LAYERS=N"};
+    const char *want[] = {"--model DIR",
+                          "--exact",
+                          "--threads N",
+                          "--dirs D1,D2",
+                          "--bits B",
+                          "--mla-bits B",
+                          "--head-bits B",
+                          "--idot[=0]",
+                          "--expert-gb",
+                          "--direct[=0]",
+                          "--usage PATH",
+                          "K3_USAGE_SAVE=0|1",
+                          "K3_PIPE=0|1",
+                          "K3_TOPP=P",
+                          "K3_LOAD_THREADS",
+                          "K3_LAYERS=N",
+                          "--isa ISA",
+                          "--log-level LEVEL",
+                          "(K3_LOG, default info, one of debug, info, warn, error)"};
     int missing = -1;
     for (int i = 0; i < (int)(sizeof want / sizeof want[0]) && missing < 0; i++)
         if (!strstr(text, want[i])) missing = i;
@@ -206,5 +350,6 @@ int main(void) {
     CHECK(!dup && k3_opts_find(table, N_TABLE, "mla_bits") >= 0 &&
               k3_opts_find(table, N_TABLE, "mla-bits") < 0,
           "row names unique; 'mla_bits' is the one spelling");
+    test_process_and_link_rows();
     TEST_MAIN_END();
 }

@@ -17,8 +17,11 @@ typedef struct topts {
     int pipe;
     char *model;
     k3_opt_list dirs;
+    int level;
     int help;
 } topts;
+
+#define T_LEVEL_DEFAULT 20
 
 static const k3_opt table[] = {
     {.name = "chunk",
@@ -77,6 +80,17 @@ static const k3_opt table[] = {
      .max = 3,
      .metavar = "A,B",
      .help = "shard dirs"},
+    {.name = "level",
+     .flag = "--level",
+     .env = "K3T_LEVEL",
+     .type = K3_OPT_ENUM,
+     .offset = offsetof(topts, level),
+     .def = "info",
+     .n_choices = 3,
+     .choices = {10, T_LEVEL_DEFAULT, 30},
+     .names = {"debug", "info", "warn"},
+     .metavar = "LEVEL",
+     .help = "verbosity"},
     {.name = "help",
      .flag = "--help",
      .short_flag = 'h',
@@ -87,8 +101,8 @@ static const k3_opt table[] = {
 #define N_TABLE ((int)(sizeof table / sizeof table[0]))
 
 static void clear_env(void) {
-    const char *vars[] = {"K3T_CHUNK",     "K3T_BITS", "K3T_TEMP",
-                          "K3T_COLI_TEMP", "K3T_PIPE", "K3T_DIRS"};
+    const char *vars[] = {"K3T_CHUNK", "K3T_BITS", "K3T_TEMP", "K3T_COLI_TEMP",
+                          "K3T_PIPE",  "K3T_DIRS", "K3T_LEVEL"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -254,6 +268,37 @@ int main(void) {
           "positionals: hello - -5 and --exact after -- (n %d)", npos);
     k3_opts_free(table, N_TABLE, &o);
 
+    /* enums: words in, the row's numbers out */
+    st = parse(&o, src, pos, &npos, err, NULL);
+    CHECK(st == K3_OK && o.level == T_LEVEL_DEFAULT, "enum default 'info' -> %d", o.level);
+    k3_opts_free(table, N_TABLE, &o);
+    setenv("K3T_LEVEL", "debug", 1);
+    int i_level = k3_opts_find(table, N_TABLE, "level");
+    st = parse(&o, src, pos, &npos, err, NULL);
+    CHECK(st == K3_OK && o.level == 10 && src[i_level] == K3_OPT_SRC_ENV,
+          "enum K3T_LEVEL=debug -> 10 (%d)", o.level);
+    k3_opts_free(table, N_TABLE, &o);
+    st = parse(&o, src, pos, &npos, err, "--level", "warn", NULL);
+    CHECK(st == K3_OK && o.level == 30 && src[i_level] == K3_OPT_SRC_FLAG,
+          "enum --level warn beats K3T_LEVEL=debug (%d)", o.level);
+    k3_opts_free(table, N_TABLE, &o);
+    setenv("K3T_LEVEL", "loud", 1);
+    st = parse(&o, src, pos, &npos, err, "--level", "warn", NULL);
+    CHECK(st == K3_ERR_ARG && !strcmp(err, "K3T_LEVEL=loud: must be one of debug, info, warn"),
+          "a bad enum variable is an error even under a flag, naming it and the words: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    clear_env();
+    st = parse(&o, src, pos, &npos, err, "--level=Info", NULL);
+    CHECK(st == K3_ERR_ARG && !strcmp(err, "--level=Info: must be one of debug, info, warn"),
+          "enum words are exact: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    st = parse(&o, src, pos, &npos, err, "--level", "20", NULL);
+    CHECK(st == K3_ERR_ARG && strstr(err, "--level=20: must be one of"),
+          "an enum takes no number: '%s'", err);
+    k3_opts_free(table, N_TABLE, &o);
+    CHECK(!strcmp(K3_OPT_STR(T_LEVEL_DEFAULT), "20"),
+          "K3_OPT_STR turns a #define into a default's text");
+
     /* k3_opts_set and k3_opts_find */
     int i_chunk = k3_opts_find(table, N_TABLE, "chunk");
     CHECK(i_chunk == 0 && k3_opts_find(table, N_TABLE, "nope") == -1, "k3_opts_find");
@@ -283,7 +328,8 @@ int main(void) {
               strstr(text, "prefill chunk (K3T_CHUNK, default 32, 1..512)") &&
               strstr(text, "one of 4, 8, 32") && strstr(text, "alias K3T_COLI_TEMP") &&
               strstr(text, "-h, --help") && strstr(text, "environment only:") &&
-              strstr(text, "K3T_PIPE=0|1"),
+              strstr(text, "K3T_PIPE=0|1") && strstr(text, "--level LEVEL") &&
+              strstr(text, "verbosity (K3T_LEVEL, default info, one of debug, info, warn)"),
           "help lists flags, variables, defaults, ranges and env-only rows");
     free(text);
 

@@ -6,7 +6,8 @@
  * keys, versions, unknown types, allocation bombs (RSS growth measured, one
  * run under RLIMIT_AS 512 MB), depth and object limits, frame layouts, the
  * receiver checks, and proto_send/proto_recv over an inproc DEALER/ROUTER
- * pair including too many frames and a frame bigger than declared.
+ * pair including too many frames and a frame bigger than declared; and the
+ * coordinator's --worker-keys file (proto/link.c, k3_link_worker_key).
  *
  * The key table below is written from docs/PROTOCOL.md, independently of
  * proto.c's schema, so the two are checked against each other.
@@ -20,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "proto/link.h"
 #include "proto/proto.h"
 #include "tests/test.h"
 
@@ -1244,6 +1246,46 @@ static void write_corpus(const char *dir, proto_msg *s, int n) {
     printf("# wrote %d seeds to %s\n", n + nb + 1, dir);
 }
 
+/* --worker-keys: "ENDPOINT KEY" beats "* KEY", comments and blank lines
+ * skipped, a bad key named with its file and line, a missing file named. */
+static void test_worker_keys(void) {
+    char pub[3][41], sec[41], path[64], err[256], out[41];
+    for (int i = 0; i < 3; i++) zmq_curve_keypair(pub[i], sec);
+    snprintf(path, sizeof path, "/tmp/k3_test_wkeys_%d", (int)getpid());
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        CHECK(0, "worker keys: cannot write %s", path);
+        return;
+    }
+    fprintf(f, "# worker keys\n\n* %s\ntcp://10.0.0.2:5555 %s\nipc:///tmp/w1   %s\n", pub[0],
+            pub[1], pub[2]);
+    fclose(f);
+    k3_status st = k3_link_worker_key(path, "tcp://10.0.0.2:5555", out, err, sizeof err);
+    CHECK(st == K3_OK && !strcmp(out, pub[1]), "worker keys: an endpoint's own line beats '*'");
+    st = k3_link_worker_key(path, "ipc:///tmp/w1", out, err, sizeof err);
+    CHECK(st == K3_OK && !strcmp(out, pub[2]), "worker keys: spaces between endpoint and key");
+    st = k3_link_worker_key(path, "tcp://10.0.0.3:5555", out, err, sizeof err);
+    CHECK(st == K3_OK && !strcmp(out, pub[0]), "worker keys: any other endpoint gets '*'");
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "tcp://10.0.0.2:5555 %s\ntcp://10.0.0.3:5555 short\n", pub[1]);
+        fclose(f);
+    }
+    st = k3_link_worker_key(path, "tcp://10.0.0.9:1", out, err, sizeof err);
+    CHECK(st != K3_OK && strstr(err, path) && strstr(err, "line 2"),
+          "worker keys: a bad key names the file and line: '%s'", err);
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "tcp://10.0.0.2:5555 %s\n", pub[1]);
+        fclose(f);
+    }
+    st = k3_link_worker_key(path, "tcp://10.0.0.9:1", out, err, sizeof err);
+    CHECK(st == K3_OK && out[0] == 0, "worker keys: no line and no '*': no key");
+    unlink(path);
+    st = k3_link_worker_key(path, "tcp://10.0.0.9:1", out, err, sizeof err);
+    CHECK(st == K3_ERR_IO && strstr(err, path), "worker keys: a missing file is named: '%s'", err);
+}
+
 int main(void) {
     static proto_msg s[MAX_SAMPLES];
     int n = make_samples(s);
@@ -1259,6 +1301,7 @@ int main(void) {
     test_bombs();
     test_depth_objects();
     test_sockets(s);
+    test_worker_keys();
     const char *dir = getenv("K3_PROTO_CORPUS_DIR");
     if (dir && *dir) write_corpus(dir, s, n);
     TEST_MAIN_END();

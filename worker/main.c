@@ -305,11 +305,9 @@ static int open_layers(const wopts *o, int a, int b, k3_model_opts *mo, char *us
         return 1;
     }
     const k3_config *cfg = k3_model_config(*m);
-    if (k3_link_fingerprint(mo->model_dir, cfg, mo->topp, &w->fingerprint, err, sizeof err)) {
-        fprintf(stderr, "k3-worker: %s\n", err);
-        return 1;
-    }
-    k3_link_numerics(mo, o->eng.exact, &w->num);
+    w->fingerprint = k3_model_fingerprint(*m);
+    k3_link_numerics(mo->bits, mo->mla_bits, mo->head_bits, mo->idot, mo->dense_idot, o->eng.exact,
+                     &w->num);
     K3_INFO("layers [%d, %d) of %d loaded in %.2f s (%.1f MB resident, %s kernels)", a, b,
             cfg->n_layers, k3_now_s() - t0, (double)k3_model_resident_bytes(*m) / 1e6,
             k3_isa_name(k3_isa_active()));
@@ -338,7 +336,7 @@ static int serve(const wopts *o, k3_model *m, wk_opts *w) {
     w->listen = o->listen;
     w->sock.hb_ms = o->hb_ms;
     w->sock.linger_ms = 500; /* a SHUTDOWN's OK still leaves; SIGTERM stops within 2 s */
-    w->sock.handshake_ms = 5000;
+    w->sock.handshake_ms = K3_LINK_HANDSHAKE_MS_DEFAULT;
     w->max_sessions = o->max_sessions;
     w->max_ctx = o->max_ctx;
     w->max_chunk = o->max_chunk;
@@ -423,6 +421,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "k3-worker: unexpected argument '%s' (see --help)\n", pos[0]);
         rc = 2;
     } else {
+        k3_engine_opts_apply(&o.eng); /* --log-level, --isa */
         rc = run(&o);
     }
     k3_opts_free(table, N_TABLE, &o);

@@ -38,7 +38,7 @@ typedef struct wk_opts {
     k3_curve_keypair kp;          /* the worker's server key pair (curve) */
     const k3_allow_list *allow;   /* coordinator public keys (curve), borrowed */
     int zap_off;                  /* tests only: do not start the ZAP handler (C4) */
-    uint64_t fingerprint;         /* k3_link_fingerprint of the model */
+    uint64_t fingerprint;         /* k3_model_fingerprint of the model */
     proto_numerics num;           /* this worker's numeric settings */
     int max_sessions;             /* session states before eviction */
     int max_ctx;                  /* tokens per session */

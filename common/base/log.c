@@ -9,21 +9,27 @@
 #include <time.h>
 
 static char g_prog[32] = "k3";
+/* The level before k3_log_init / k3_log_set_level; the setting's default
+ * is the row's (log.h), which k3_log_init applies. */
 static k3_log_level g_level = K3_LOG_INFO;
+
+typedef struct log_opts {
+    int level;
+} log_opts;
+
+static const k3_opt log_table[] = {K3_LOG_OPT_LEVEL(log_opts, level)};
 
 void k3_log_init(const char *prog) {
     snprintf(g_prog, sizeof g_prog, "%s", prog ? prog : "k3");
-    const char *e = getenv("K3_LOG");
-    if (!e) return;
-    if (!strcmp(e, "debug"))
-        g_level = K3_LOG_DEBUG;
-    else if (!strcmp(e, "info"))
-        g_level = K3_LOG_INFO;
-    else if (!strcmp(e, "warn"))
-        g_level = K3_LOG_WARN;
-    else if (!strcmp(e, "error"))
-        g_level = K3_LOG_ERROR;
+    /* the row alone, environment only (argv is the program's to parse) */
+    log_opts o;
+    char *argv0 = NULL, err[160];
+    int n_pos = 0;
+    if (k3_opts_parse(log_table, 1, &o, NULL, 0, &argv0, NULL, &n_pos, err, sizeof err) == K3_OK)
+        g_level = (k3_log_level)o.level;
 }
+
+void k3_log_set_level(k3_log_level lvl) { g_level = lvl; }
 
 int k3_log_enabled(k3_log_level lvl) { return lvl >= g_level; }
 

@@ -39,12 +39,16 @@ static void opt_label(const k3_opt *o, k3_opt_src src, char *buf, size_t n) {
 /* min = max = 0 means "any value" (strings, free integers). */
 static int opt_has_range(const k3_opt *o) { return !(o->min == 0 && o->max == 0); }
 
-/* "4, 8, 32" */
+/* "4, 8, 32", or for an ENUM "debug, info, warn, error" */
 static void opt_choices_text(const k3_opt *o, char *buf, size_t n) {
     size_t used = 0;
     buf[0] = 0;
-    for (int i = 0; i < o->n_choices && used < n; i++)
-        used += (size_t)snprintf(buf + used, n - used, "%s%d", i ? ", " : "", o->choices[i]);
+    for (int i = 0; i < o->n_choices && used < n; i++) {
+        if (o->type == K3_OPT_ENUM)
+            used += (size_t)snprintf(buf + used, n - used, "%s%s", i ? ", " : "", o->names[i]);
+        else
+            used += (size_t)snprintf(buf + used, n - used, "%s%d", i ? ", " : "", o->choices[i]);
+    }
 }
 
 /* Frees every item; the list is empty (and reusable) afterwards. */
@@ -174,6 +178,18 @@ static k3_status opt_parse_value(const k3_opt *o, void *target, const char *text
         return K3_OK;
     }
     case K3_OPT_LIST: return opt_list_parse(o, label, text, field, err, errlen);
+    case K3_OPT_ENUM: {
+        /* exact words only: "Debug" or "2" are refused with the list, so a
+         * typo in a shared environment is heard about instead of ignored */
+        for (int i = 0; i < o->n_choices; i++)
+            if (o->names[i] && !strcmp(text, o->names[i])) {
+                *(int *)field = o->choices[i];
+                return K3_OK;
+            }
+        char c[256];
+        opt_choices_text(o, c, sizeof c);
+        return k3_errf(K3_ERR_ARG, err, errlen, "%s=%s: must be one of %s", label, text, c);
+    }
     }
     return k3_errf(K3_ERR_INTERNAL, err, errlen, "option %s: unknown type %d", o->name,
                    (int)o->type);
@@ -221,6 +237,7 @@ k3_status k3_opts_parse(const k3_opt *opts, int n_opts, void *target, k3_opt_src
         void *field = opt_field(o, target);
         switch (o->type) {
         case K3_OPT_INT:
+        case K3_OPT_ENUM:
         case K3_OPT_BOOL: *(int *)field = 0; break;
         case K3_OPT_DOUBLE: *(double *)field = 0; break;
         case K3_OPT_STRING: *(char **)field = NULL; break;
@@ -325,7 +342,7 @@ static void opt_help_tail(const k3_opt *o, char *buf, size_t n) {
         APPEND("%son by default", sep);
         sep = ", ";
     }
-    if (o->type == K3_OPT_INT && o->n_choices > 0) {
+    if ((o->type == K3_OPT_INT || o->type == K3_OPT_ENUM) && o->n_choices > 0) {
         char c[128];
         opt_choices_text(o, c, sizeof c);
         APPEND("%sone of %s", sep, c);

@@ -13,7 +13,8 @@
  * Threads: parse once in main() before any thread starts (reads environ).
  *
  * Messages name the source, the value and the limit:
- *   "--chunk: 0 is outside 1..512", "K3_BITS=5: must be one of 4, 8, 32".
+ *   "--chunk: 0 is outside 1..512", "K3_BITS=5: must be one of 4, 8, 32",
+ *   "K3_LOG=loud: must be one of debug, info, warn, error".
  * Not handled: short option clusters (-abc), optional values, repeated list
  * flags that append (a repeated flag replaces the earlier value).
  */
@@ -30,7 +31,8 @@ typedef enum k3_opt_type {
     K3_OPT_DOUBLE, /* double, finite; range [min, max] */
     K3_OPT_BOOL,   /* int 0/1; a flag takes no value ("--exact", "--exact=0") */
     K3_OPT_STRING, /* char *, owned; NULL when unset and no default */
-    K3_OPT_LIST    /* k3_opt_list, comma-separated; at most max items */
+    K3_OPT_LIST,   /* k3_opt_list, comma-separated; at most max items */
+    K3_OPT_ENUM    /* int; the text is one of names[], stored as choices[] of it */
 } k3_opt_type;
 
 /* Value of a K3_OPT_LIST option: n items, each an owned string. */
@@ -38,6 +40,11 @@ typedef struct k3_opt_list {
     int n;
     char **items; /* [n], owned */
 } k3_opt_list;
+
+/* A number as the text of a default: .def = K3_OPT_STR(K3_LINK_HB_MS_DEFAULT),
+ * so a #define shared with code that needs the number is the one default. */
+#define K3_OPT_STR(x)  K3_OPT_STR_(x)
+#define K3_OPT_STR_(x) #x
 
 /* Where an option's value came from (k3_opts_parse's src array). */
 typedef enum k3_opt_src { K3_OPT_SRC_DEFAULT = 0, K3_OPT_SRC_ENV, K3_OPT_SRC_FLAG } k3_opt_src;
@@ -56,10 +63,11 @@ typedef struct k3_opt {
     const char *def; /* default as text ("32", "0.9", "a,b"), NULL = none */
     double min, max; /* INT/DOUBLE range; LIST: max = most items; both 0 = any */
     int min_open;    /* DOUBLE: min itself is excluded (top-p in (0, 1]) */
-    int n_choices;   /* INT only: value must be one of choices[] */
+    int n_choices;   /* INT: value must be one of choices[]; ENUM: number of names */
     int choices[K3_OPT_MAX_CHOICES];
-    const char *metavar; /* "N", "FILE", ... shown in --help */
-    const char *help;    /* one line */
+    const char *names[K3_OPT_MAX_CHOICES]; /* ENUM: the accepted words, names[i] = choices[i] */
+    const char *metavar;                   /* "N", "FILE", ... shown in --help */
+    const char *help;                      /* one line */
 } k3_opt;
 
 /* Fills target from defaults, then the environment, then argv[1..argc).

@@ -48,6 +48,11 @@ k3_status k3_engine_opts_resolve(k3_engine_opts *e, const k3_opt *table, int n_o
     return K3_OK;
 }
 
+void k3_engine_opts_apply(const k3_engine_opts *e) {
+    k3_log_set_level((k3_log_level)e->log_level);
+    k3_isa_select(e->isa);
+}
+
 void k3_engine_opts_model(const k3_engine_opts *e, k3_model_opts *mo, char *usage_buf,
                           size_t usage_cap) {
     mo->model_dir = e->model;

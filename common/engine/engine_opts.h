@@ -3,11 +3,13 @@
  * Owns: the one definition of the options that configure the engine
  * (k3_model_opts): model directory, shard directories, load-time bits,
  * idot / exact, compute threads, the expert cache and its reader, the usage
- * history and K3_LAYERS. Each program embeds a k3_engine_opts in its own
- * option struct and puts K3_ENGINE_OPT_MODEL / K3_ENGINE_OPT_ROWS in its
- * table (common/base/opts.h), so both programs accept the same flags and K3_*
- * variables with the same ranges, help and messages, and the numeric
- * settings a worker reports in HELLO mean what the coordinator's mean.
+ * history, K3_LAYERS, and the process-wide kernel and log levels (rows
+ * defined by common/kernels/kernels.h and common/base/log.h). Each program
+ * embeds a k3_engine_opts in its own option struct and puts
+ * K3_ENGINE_OPT_MODEL / K3_ENGINE_OPT_ROWS in its table (common/base/opts.h),
+ * so both programs accept the same flags and K3_* variables with the same
+ * ranges, help and messages, and the numeric settings a worker reports in
+ * HELLO mean what the coordinator's mean.
  * Borrows: the program's table and sources (read only). Strings and lists in
  * k3_engine_opts belong to the program's struct: k3_opts_free frees them.
  * Threads: main() only, before any thread starts.
@@ -21,6 +23,8 @@
 #include "common/base/limits.h"
 #include "common/engine/model.h"
 #include "common/base/opts.h"
+#include "common/base/log.h"
+#include "common/kernels/kernels.h"
 
 typedef struct k3_engine_opts {
     char *model;        /* checkpoint directory */
@@ -40,6 +44,8 @@ typedef struct k3_engine_opts {
     int max_layers;     /* truncate the stack to this many layers, 0 = all */
     char *usage;        /* usage history file; NULL = <model>/.k3_usage, "off" = none */
     int usage_save;     /* save the usage history at a clean exit */
+    int isa;            /* kernel level: K3_ISA_AUTO or a k3_isa (k3_engine_opts_apply) */
+    int log_level;      /* a k3_log_level (k3_engine_opts_apply) */
 } k3_engine_opts;
 
 /* Offset of engine field f inside the program's struct T, whose
@@ -196,7 +202,9 @@ typedef struct k3_engine_opts {
      .min = 0,                                                                                     \
      .max = K3_MAX_LAYERS,                                                                         \
      .metavar = "N",                                                                               \
-     .help = "truncate the stack to N layers (no head: trace only), 0 = all"}
+     .help = "truncate the stack to N layers (no head: trace only), 0 = all"},                  \
+    K3_KERN_OPT_ISA(T, m.isa),                                                                     \
+    K3_LOG_OPT_LEVEL(T, m.log_level)
 // clang-format on
 
 /* Applies --exact after parsing: bits 32/32/32 and idot 0. A --bits,
@@ -207,6 +215,12 @@ typedef struct k3_engine_opts {
  * found by name. */
 k3_status k3_engine_opts_resolve(k3_engine_opts *e, const k3_opt *table, int n_opts,
                                  const k3_opt_src *src, char *err, size_t errlen);
+
+/* Applies the process-wide rows after parsing: the log level
+ * (k3_log_set_level) and the kernel level (k3_isa_select). Both are read
+ * before the table is parsed too (k3_log_init, the first kernel call), so
+ * this only matters for a flag; call it before any thread starts. */
+void k3_engine_opts_apply(const k3_engine_opts *e);
 
 /* Copies the engine settings into mo (after k3_model_opts_default): model
  * directory, shard directories, max_layers, bits, idot, threads (when > 0),

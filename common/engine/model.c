@@ -17,11 +17,14 @@
  */
 #include "common/engine/model.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/experts/experts.h"
@@ -76,6 +79,48 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
+/* FNV-1a is enough here: the fingerprint guards against mistakes (another
+ * checkpoint, another config), not against an attacker, whom CURVE keeps
+ * out. The index is hashed as it is read, so its size (K3's is ~50 MB)
+ * costs no allocation. */
+k3_status k3_model_fingerprint_dir(const char *model_dir, const k3_config *cfg, double topp,
+                                   uint64_t *out, char *err, size_t errlen) {
+    uint64_t h = 1469598103934665603ull;
+    uint64_t cfp = k3_config_fingerprint(cfg);
+    h = fnv(h, &cfp, sizeof cfp);
+    h = fnv(h, &topp, sizeof topp);
+    char path[4200];
+    if (snprintf(path, sizeof path, "%s/model.safetensors.index.json", model_dir) >=
+        (int)sizeof path)
+        return k3_errf(K3_ERR_ARG, err, errlen, "model directory path too long");
+    if (access(path, F_OK) == 0) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) return k3_errf(K3_ERR_IO, err, errlen, "%s: %s", path, strerror(errno));
+        struct stat sb;
+        k3_status st = K3_OK;
+        if (fstat(fd, &sb) != 0)
+            st = k3_errf(K3_ERR_IO, err, errlen, "%s: fstat: %s", path, strerror(errno));
+        else if (!S_ISREG(sb.st_mode))
+            st = k3_errf(K3_ERR_ARG, err, errlen, "%s: not a regular file", path);
+        else if ((uint64_t)sb.st_size > K3_MAX_INDEX_BYTES)
+            st = k3_errf(K3_ERR_LIMIT, err, errlen, "%s: %lld bytes > limit %zu", path,
+                         (long long)sb.st_size, (size_t)K3_MAX_INDEX_BYTES);
+        unsigned char buf[65536];
+        for (;;) {
+            if (st) break;
+            ssize_t r = read(fd, buf, sizeof buf);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) st = k3_errf(K3_ERR_IO, err, errlen, "%s: read: %s", path, strerror(errno));
+            if (r <= 0) break;
+            h = fnv(h, buf, (size_t)r);
+        }
+        close(fd);
+        if (st) return st;
+    }
+    *out = h;
+    return K3_OK;
+}
+
 /* ---- load jobs ---- */
 
 enum { JOB_VEC = 0, JOB_MAT };
@@ -115,10 +160,10 @@ static void shape_str(const int64_t *s, int rank, char *buf, size_t n) {
 
 static int is_float_dtype(st_dtype d) { return d == ST_BF16 || d == ST_F16 || d == ST_F32; }
 
-/* Looks up `name`, checks a float dtype and the exact shape; adds it to the
- * fingerprint. The message names the tensor and both shapes, so a checkpoint
- * whose config disagrees with its tensors is diagnosed at load, never by a
- * wrong answer or an out-of-bounds read later. */
+/* Looks up `name`, checks a float dtype and the exact shape. The message
+ * names the tensor and both shapes, so a checkpoint whose config disagrees
+ * with its tensors is diagnosed at load, never by a wrong answer or an
+ * out-of-bounds read later. */
 static k3_status find_checked(loader *ld, const char *name, int rank, const int64_t *shape,
                               const st_tensor **out) {
     k3_status st = st_find(ld->m->idx, name, out, ld->err, ld->errlen);
@@ -137,9 +182,6 @@ static k3_status find_checked(loader *ld, const char *name, int rank, const int6
         return k3_errf(K3_ERR_FORMAT, ld->err, ld->errlen,
                        "tensor %s: dtype %s, expected BF16, F16 or F32", name,
                        st_dtype_name(t->dtype));
-    ld->m->fingerprint = fnv(ld->m->fingerprint, name, strlen(name));
-    ld->m->fingerprint = fnv(ld->m->fingerprint, &t->dtype, sizeof t->dtype);
-    ld->m->fingerprint = fnv(ld->m->fingerprint, t->shape, sizeof(int64_t) * (size_t)t->rank);
     return K3_OK;
 }
 
@@ -220,7 +262,6 @@ static k3_status add_mat(loader *ld, const char *name, int rows, int cols, int b
         j->qs = qs;
         j->downcast =
             is_i8 && class_bits && m->opts.bits_explicit && m->opts.bits == 4 && cols % 64 == 0;
-        m->fingerprint = fnv(m->fingerprint, qs_name, strlen(qs_name));
     } else {
         int64_t shape[2] = {rows, cols};
         st = find_checked(ld, name, 2, shape, &t);
@@ -233,10 +274,6 @@ static k3_status add_mat(loader *ld, const char *name, int rows, int cols, int b
     j->cols = cols;
     j->bits = bits;
     j->mat = dst;
-    if (t->dtype == ST_U8) {
-        m->fingerprint = fnv(m->fingerprint, name, strlen(name));
-        m->fingerprint = fnv(m->fingerprint, t->shape, sizeof(int64_t) * (size_t)t->rank);
-    }
     return K3_OK;
 }
 
@@ -737,13 +774,9 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
         if (st != K3_OK) goto fail;
     }
 
-    /* fingerprint: geometry, range and numeric settings first; load_layer
-     * and load_global add every tensor's name, dtype and shape */
-    uint64_t cfp = k3_config_fingerprint(c);
-    int nums[7] = {m->layer_a,      m->layer_b, opts->bits,       opts->mla_bits,
-                   opts->head_bits, opts->idot, opts->want_global};
-    m->fingerprint = fnv(1469598103934665603ull, &cfp, sizeof cfp);
-    m->fingerprint = fnv(m->fingerprint, nums, sizeof nums);
+    /* the fingerprint HELLO compares: the same for every layer range */
+    st = k3_model_fingerprint_dir(opts->model_dir, c, opts->topp, &m->fingerprint, err, errlen);
+    if (st != K3_OK) goto fail;
 
     loader *ld = k3_xcalloc(1, sizeof *ld);
     ld->m = m;

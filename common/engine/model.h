@@ -78,8 +78,17 @@ const k3_config *k3_model_config(const k3_model *m);
 void k3_model_range(const k3_model *m, int *layer_a, int *layer_b);
 /* The compute pool every forward and head of the model runs its jobs on. */
 k3_pool *k3_model_pool(k3_model *m);
-/* Fingerprint of geometry + tensor index (names, shapes, dtypes of the
- * tensors this process loaded) + numeric settings, for HELLO checks. */
+/* The model fingerprint, the one HELLO compares: FNV-1a over the config
+ * fingerprint (geometry and schedules, k3_config_fingerprint), the routing
+ * top-p (which no numeric setting carries) and the bytes of
+ * <model_dir>/model.safetensors.index.json when present (the tensor index:
+ * every name and its shard; a repacked container lists its .qs sidecars).
+ * The same on every process of one cluster whatever its layer range; the
+ * load-time bits and kernels are compared separately (proto_numerics).
+ * Fails only reading the index (named, with the cause). */
+k3_status k3_model_fingerprint_dir(const char *model_dir, const k3_config *cfg, double topp,
+                                   uint64_t *out, char *err, size_t errlen);
+/* k3_model_fingerprint_dir of the model as opened (computed at open). */
 uint64_t k3_model_fingerprint(const k3_model *m);
 /* Resident bytes of dense weights (for RSS honesty reports). */
 size_t k3_model_resident_bytes(const k3_model *m);

@@ -9,6 +9,7 @@
  * reference kernels" below for the order and why it is not the column order
  * the original engine's scalar path used (docs/MODEL.md 4.3). Dispatch is one
  * table pointer, chosen once (cpuid, then K3_ISA) and changed only by
+ * k3_isa_select (a program's --isa, before its threads start) and
  * k3_isa_force (tests, not thread-safe against running kernels).
  */
 #include "common/kernels/kernels.h"
@@ -128,33 +129,44 @@ static int cpu_has_vbmi(void) {
 #endif
 }
 
+static int g_warned = K3_ISA_AUTO; /* the too-high wish already warned about */
+
+/* The level to use for a wish (K3_ISA_AUTO or a k3_isa): never above the
+ * CPU's, which is said once (the environment's wish is seen twice in a
+ * program: at the first kernel call and by its --isa row). */
+static k3_isa isa_choose(int want) {
+    if (want == K3_ISA_AUTO) return g_detected;
+    if (want > (int)g_detected) {
+        if (want == g_warned) return g_detected;
+        g_warned = want;
+        K3_WARN("isa %s: this CPU supports up to %s; using %s", k3_isa_name((k3_isa)want),
+                k3_isa_name(g_detected), k3_isa_name(g_detected));
+        return g_detected;
+    }
+    return (k3_isa)want;
+}
+
+typedef struct isa_opts {
+    int level;
+} isa_opts;
+
 static void isa_init(void) {
     for (int s = 0; s < 256; s++) k3_e8m0_half[s] = k3_e8m0_to_f32((uint8_t)s) * 0.5f;
     g_detected = detect_cpu();
     g_vbmi_cpu = g_detected == K3_ISA_AVX512 && cpu_has_vbmi();
     k3_kern_vbmi = g_vbmi_cpu;
-    k3_isa use = g_detected;
-    const char *env = getenv("K3_ISA");
-    if (env && *env) {
-        k3_isa want = K3_ISA_SCALAR;
-        if (!strcmp(env, "scalar"))
-            want = K3_ISA_SCALAR;
-        else if (!strcmp(env, "avx2"))
-            want = K3_ISA_AVX2;
-        else if (!strcmp(env, "avx512"))
-            want = K3_ISA_AVX512;
-        else {
-            K3_WARN("K3_ISA=%s: expected scalar, avx2 or avx512; using %s", env,
-                    k3_isa_name(g_detected));
-            want = g_detected;
-        }
-        if (want > g_detected)
-            K3_WARN("K3_ISA=%s: this CPU supports up to %s; using %s", env, k3_isa_name(g_detected),
-                    k3_isa_name(g_detected));
-        else
-            use = want;
-    }
-    atomic_store_explicit(&g_ops, ops_for(use), memory_order_release);
+    /* the K3_ISA row alone, environment only: a program applies its own
+     * parsed value with k3_isa_select, where a bad one is a usage error */
+    static const k3_opt isa_table[] = {K3_KERN_OPT_ISA(isa_opts, level)};
+    isa_opts o;
+    char *argv0 = NULL, err[160];
+    int n_pos = 0;
+    int want = K3_ISA_AUTO;
+    if (k3_opts_parse(isa_table, 1, &o, NULL, 0, &argv0, NULL, &n_pos, err, sizeof err) == K3_OK)
+        want = o.level;
+    else
+        K3_WARN("%s; using %s", err, k3_isa_name(g_detected));
+    atomic_store_explicit(&g_ops, ops_for(isa_choose(want)), memory_order_release);
 }
 
 static inline const k3_kern_ops *ops(void) {
@@ -177,6 +189,11 @@ k3_status k3_isa_force_vbmi(int on, char *err, size_t errlen) {
         return k3_errf(K3_ERR_ARG, err, errlen, "isa avx512 vbmi: this CPU has no AVX-512 VBMI");
     k3_kern_vbmi = on != 0;
     return K3_OK;
+}
+
+void k3_isa_select(int level) {
+    pthread_once(&g_once, isa_init);
+    atomic_store_explicit(&g_ops, ops_for(isa_choose(level)), memory_order_release);
 }
 
 k3_status k3_isa_force(k3_isa level, char *err, size_t errlen) {

@@ -11,13 +11,13 @@
  * columns [rows][cols/32]; never converted.
  *
  * Every kernel has a scalar reference and AVX2 (and later AVX-512) versions
- * chosen once per process from cpuid (k3_isa_*); K3_ISA=scalar|avx2|avx512
- * forces a level. Within one ISA level the result of a (row, token) dot is the
- * same bits whatever n (chunk size), the row range split or the thread count:
- * matmul over n tokens is n matvecs with the same summation order. All levels
- * share one summation order (16 lanes, fused multiply-add, a fixed lane tree;
- * kernels.c), so exact-float results are bit-identical across levels too,
- * and integer-dot paths (k3_mxfp4_*_i8) are bit-exact across levels.
+ * chosen once per process from cpuid (k3_isa_*); the K3_KERN_OPT_ISA row
+ * (--isa / K3_ISA = auto|scalar|avx2|avx512) forces a level. Within one ISA level the result of a
+ * (row, token) dot is the same bits whatever n (chunk size), the row range split or the thread
+ * count: matmul over n tokens is n matvecs with the same summation order. All levels share one
+ * summation order (16 lanes, fused multiply-add, a fixed lane tree; kernels.c), so exact-float
+ * results are bit-identical across levels too, and integer-dot paths (k3_mxfp4_*_i8) are bit-exact
+ * across levels.
  *
  * Threads: all functions are reentrant; the *_mt variants use the pool.
  */
@@ -28,12 +28,32 @@
 #include <stdint.h>
 
 #include "common/base/err.h"
+#include "common/base/opts.h"
 #include "common/base/pool.h"
 
 /* ---- ISA dispatch ---- */
 typedef enum k3_isa { K3_ISA_SCALAR = 0, K3_ISA_AVX2 = 1, K3_ISA_AVX512 = 2 } k3_isa;
+#define K3_ISA_AUTO (-1) /* the row's "auto": the detected level */
+
+/* The one definition of the ISA setting (an int field of T: K3_ISA_AUTO or
+ * a k3_isa). Programs put it in their table (common/engine/engine_opts.h)
+ * and apply it with k3_isa_select; without a table (tests, benchmarks) the
+ * first kernel call reads the row's variable, and a bad value there warns
+ * and keeps the detected level. */
+// clang-format off
+#define K3_KERN_OPT_ISA(T, f)                                                                      \
+    {.name = "isa", .flag = "--isa", .env = "K3_ISA", .type = K3_OPT_ENUM,                        \
+     .offset = offsetof(T, f), .def = "auto", .n_choices = 4,                                     \
+     .choices = {K3_ISA_AUTO, K3_ISA_SCALAR, K3_ISA_AVX2, K3_ISA_AVX512},                         \
+     .names = {"auto", "scalar", "avx2", "avx512"}, .metavar = "ISA",                             \
+     .help = "kernel level (auto = the best this CPU has; a higher one warns and is not used)"}
+// clang-format on
+
 k3_isa k3_isa_detect(void); /* best level the CPU supports */
-k3_isa k3_isa_active(void); /* level in use (K3_ISA or detected) */
+k3_isa k3_isa_active(void); /* level in use (--isa / K3_ISA, or detected) */
+/* Uses level (K3_ISA_AUTO: the detected one); a level above the CPU's
+ * warns and uses the detected one. Call before any thread runs kernels. */
+void k3_isa_select(int level);
 k3_status k3_isa_force(k3_isa level, char *err, size_t errlen); /* tests; fails if unsupported */
 const char *k3_isa_name(k3_isa level);
 /* tests: the AVX-512 level's VBMI decode off (0) or on (1, fails where the
