@@ -707,7 +707,7 @@ enum { FAKE_GARBAGE, FAKE_WRONG_SESS, FAKE_WRONG_K, FAKE_TRUNC, FAKE_GOOD, FAKE_
 
 typedef struct fake {
     char ep[128];
-    int mode; /* what the next FORWARD gets */
+    atomic_int mode; /* what the next FORWARD gets: set by the test thread between steps */
     atomic_int stop;
     atomic_int hellos; /* HELLOs answered */
     int quiet;         /* no heartbeats (after a garbage reply, until a new HELLO) */
@@ -743,13 +743,14 @@ static void *fake_main(void *p) {
         char e[256];
         if (proto_recv(s, ZMQ_DONTWAIT, &m, &fr, e, sizeof e)) continue;
         proto_msg out;
+        int mode = atomic_load(&f->mode); /* one value per message */
         if (m.type == PROTO_MSG_HELLO) {
             peer = fr.from;
             epoch = m.epoch;
             f->quiet = 0;
             atomic_fetch_add(&f->hellos, 1);
             proto_msg_init(&out, PROTO_MSG_HELLO_OK, m.id, m.epoch);
-            out.u.hello_ok = (proto_hello_ok){.fingerprint = f->mode == FAKE_BADFP ? fp + 1 : fp,
+            out.u.hello_ok = (proto_hello_ok){.fingerprint = mode == FAKE_BADFP ? fp + 1 : fp,
                                               .layers = {0, (uint32_t)g_L},
                                               .num = m.u.hello.num,
                                               .max_sessions = 4,
@@ -766,26 +767,26 @@ static void *fake_main(void *p) {
                              NULL, NULL, err, sizeof err);
             proto_msg_init(&out, PROTO_MSG_FORWARD_DONE, m.id, m.epoch);
             proto_forward_done *d = &out.u.forward_done;
-            d->session = fw->session + (f->mode == FAKE_WRONG_SESS);
+            d->session = fw->session + (mode == FAKE_WRONG_SESS);
             d->step = fw->step;
             d->n_tokens = fw->n_tokens;
             d->hidden = fw->hidden;
-            d->n_snapshots = (uint32_t)nb - (f->mode == FAKE_WRONG_K);
+            d->n_snapshots = (uint32_t)nb - (mode == FAKE_WRONG_K);
             const void *frs[2] = {blocks, h};
             size_t frb[2] = {sizeof(float) * d->n_snapshots * TD, sizeof(float) * TD};
-            if (f->mode == FAKE_GARBAGE || f->mode == FAKE_TRUNC) {
+            if (mode == FAKE_GARBAGE || mode == FAKE_TRUNC) {
                 uint8_t env[PROTO_ENCODE_CAP];
                 size_t len;
                 proto_encode(&out, env, sizeof env, &len, err, sizeof err);
                 zmq_send(s, fr.from.id, fr.from.len, ZMQ_SNDMORE);
-                if (f->mode == FAKE_GARBAGE)
+                if (mode == FAKE_GARBAGE)
                     zmq_send(s, "\xc1\x00junk", 6, 0);
                 else
                     zmq_send(s, env, len - 1, 0); /* truncated envelope, no frames */
                 f->quiet = 1;
             } else {
                 proto_send(s, &fr.from, &out, frs, frb, 2, 0, err, sizeof err);
-                if (f->mode == FAKE_DUP) /* a duplicate, as from a retrying network */
+                if (mode == FAKE_DUP) /* a duplicate, as from a retrying network */
                     proto_send(s, &fr.from, &out, frs, frb, 2, 0, err, sizeof err);
             }
         } else if (m.type != PROTO_MSG_HEARTBEAT) {
@@ -844,7 +845,7 @@ static void test_bad_replies(void) {
             {FAKE_DUP, "every reply twice", NULL, 5000},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            f.mode = cases[i].mode;
+            atomic_store(&f.mode, cases[i].mode);
             k3_cluster_wait_ready(cl, 5000, err, sizeof err);
             k3_session *s = NULL;
             k3_session_opts so = {.max_ctx = 8, .chunk = 4};
@@ -951,7 +952,8 @@ static k3_status gen(live *lv, const int32_t *prompt, int n, int ngen, int resum
 typedef struct later {
     int delay_ms;
     live *lv;
-    int what; /* 0: restart worker victim, 1: SIGCONT it */
+    int what;        /* 0: restart worker victim, 1: SIGCONT it */
+    atomic_int done; /* set once it did it: lv->pid and lv->victim are the test's again */
 } later;
 
 /* Waits for the fault (set by the token callback), then delay_ms more. */
@@ -965,6 +967,7 @@ static void *do_later(void *p) {
     } else {
         kill(l->lv->pid[l->lv->victim], SIGCONT);
     }
+    atomic_store(&l->done, 1);
     while (!atomic_load(&l->lv->helpers_exit)) sleep_ms(10); /* outlive the worker */
     return NULL;
 }
@@ -1032,7 +1035,7 @@ static void test_liveness(void) {
     lv->at_token = 10, lv->sig = SIGKILL, lv->victim = 1;
     atomic_store(&lv->n_tok, 0);
     uint64_t losses0 = k3_cluster_losses(lv->cl);
-    later l = {300, lv, 0};
+    later l = {300, lv, 0, 0};
     atomic_store(&lv->faulted, 0);
     pthread_t th;
     pthread_create(&th, NULL, do_later, &l);
@@ -1043,6 +1046,9 @@ static void test_liveness(void) {
           "T1 resume: killed at token 10, restarted; the resumed generation equals the "
           "uninterrupted one (%d tokens)%s%s",
           atomic_load(&lv->n_tok), st ? ": " : "", st ? err : "");
+    /* the helper wrote lv->pid[1] and read lv->victim: wait until it is
+     * done with them (the worker's registration says nothing of that) */
+    while (!atomic_load(&l.done)) sleep_ms(5);
 
     /* T2: SIGSTOP mid-decode, SIGCONT after 3 x TTL */
     k3_cluster_wait_ready(lv->cl, 10000, err, sizeof err);
