@@ -701,13 +701,18 @@ static void test_malformed_worker(void) {
     zmq_close(s);
 }
 
-/* A worker stopping while signals keep coming: SHUTDOWN, then SIGTERM
- * every millisecond until it is gone. zmq_ctx_term, called on the way
- * out, returns EINTR when a signal lands while it waits for libzmq's
- * reaper; a worker that gave up there left that thread unjoined (under
- * make tsan: a thread leak, exit 66, seen when cl_local_stop's SIGTERM
- * followed the SHUTDOWN). It must retry and exit 0. */
-static void test_stop_under_signals(void) {
+/* One worker, two endings of a life.
+ * A new epoch mid-step: FORWARD, then at once HELLO with a new epoch and
+ * STATS. The worker reads both at the step's next layer, frees the old
+ * states only when the step stops, and must already count them gone in
+ * STATS_OK (T2 read 1 held under TSan, where the step is slow enough).
+ * Stopping while signals keep coming: SHUTDOWN, then SIGTERM every
+ * millisecond until it is gone. zmq_ctx_term, called on the way out,
+ * returns EINTR when a signal lands while it waits for libzmq's reaper; a
+ * worker that gave up there left that thread unjoined (under make tsan: a
+ * thread leak, exit 66, seen when cl_local_stop's SIGTERM followed the
+ * SHUTDOWN). It must retry and exit 0. */
+static void test_epoch_and_stop(void) {
     char ep[128];
     snprintf(ep, sizeof ep, "ipc://%s/sig", g_tmp);
     pid_t pid = worker_start(0, g_L, ep, "sig", 1000, NULL, NULL);
@@ -726,7 +731,33 @@ static void test_stop_under_signals(void) {
     proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
     raw_send(s, env, env_len, NULL, NULL, 0);
     int got = recv_reply(s, &r, &fr, 10000) && r.type == PROTO_MSG_HELLO_OK;
-    proto_msg_init(&m, PROTO_MSG_SHUTDOWN, 2, 9);
+    enum { T = 64 };
+    float *h = malloc(sizeof(float) * T * (size_t)g_D);
+    for (int i = 0; i < T * g_D; i++) h[i] = 0.01f * (float)(i % 7);
+    proto_msg_init(&m, PROTO_MSG_FORWARD, 2, 9);
+    m.u.forward = (proto_forward){.session = 5, .step = 1, .n_tokens = T, .hidden = (uint32_t)g_D};
+    proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
+    const void *frs[2] = {h, h};
+    size_t frb[2] = {0, sizeof(float) * T * (size_t)g_D};
+    raw_send(s, env, env_len, frs, frb, 2);
+    proto_msg_init(&m, PROTO_MSG_HELLO, 3, 10); /* epoch 10 while the step of epoch 9 runs */
+    k3_link_numerics(&g_mo, 0, &m.u.hello.num);
+    k3_link_fingerprint(g_dir, g_cfg, g_mo.topp, &m.u.hello.fingerprint, err, sizeof err);
+    proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
+    raw_send(s, env, env_len, NULL, NULL, 0);
+    proto_msg_init(&m, PROTO_MSG_STATS, 4, 10);
+    proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
+    raw_send(s, env, env_len, NULL, NULL, 0);
+    /* the FORWARD of epoch 9 gets no reply: the next two are HELLO_OK, STATS_OK */
+    int hello = got && recv_reply(s, &r, &fr, 10000) && r.type == PROTO_MSG_HELLO_OK;
+    int stats = hello && recv_reply(s, &r, &fr, 10000) && r.type == PROTO_MSG_STATS_OK;
+    CHECK(stats && r.epoch == 10 && r.u.stats_ok.sessions == 0,
+          "new epoch mid-step: HELLO_OK, then STATS_OK counting %d sessions held (0: the old "
+          "epoch's are gone)",
+          stats ? (int)r.u.stats_ok.sessions : -1);
+    free(h);
+    got = stats;
+    proto_msg_init(&m, PROTO_MSG_SHUTDOWN, 5, 10);
     proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
     raw_send(s, env, env_len, NULL, NULL, 0);
     got = got && recv_reply(s, &r, &fr, 2000) && r.type == PROTO_MSG_OK;
@@ -1272,7 +1303,7 @@ int main(int argc, char **argv) {
     const char *only = getenv("K3_TEST_CLUSTER_ONLY"); /* while iterating */
     if (!only || strstr(only, "identity")) test_identity();
     if (!only || strstr(only, "malformed")) test_malformed_worker();
-    if (!only || strstr(only, "signals")) test_stop_under_signals();
+    if (!only || strstr(only, "epoch")) test_epoch_and_stop();
     if (!only || strstr(only, "replies")) test_bad_replies();
     if (!only || strstr(only, "liveness")) test_liveness();
     if (!only || strstr(only, "eviction")) test_eviction();
