@@ -8,8 +8,10 @@
  *  2. malformed messages to a live worker over a raw socket: every strict
  *     prefix of every request, trailing bytes, wrong types, oversized counts,
  *     unknown type, wrong version, bad frames: each answered with ERROR, the
- *     worker stays up and its next answer is still bit-exact; and a fake
- *     worker sending bad replies to a coordinator: each step fails cleanly;
+ *     worker stays up and its next answer is still bit-exact; a new epoch
+ *     mid-step (STATS counts the old states gone) and a stop under a storm
+ *     of SIGTERMs (exit 0); and a fake worker sending bad replies to a
+ *     coordinator: each step fails cleanly;
  *  3. liveness: kill -9, SIGSTOP / SIGCONT and a stuck compute thread are
  *     detected within their bounds with an error naming worker and layers;
  *     a restarted worker re-registers and a resumed session replays to the
