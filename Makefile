@@ -98,8 +98,12 @@ asan:
 	$(MAKE) BUILD=build-asan SANFLAGS="-fsanitize=address -fno-omit-frame-pointer" OPT=-O1 test
 ubsan:
 	$(MAKE) BUILD=build-ubsan SANFLAGS="-fsanitize=undefined -fno-sanitize-recover=all" OPT=-O1 test
+# TSan runs test_kernels' K3-size matrices for 15+ minutes on 2 cores, past
+# tests/run.sh's 900 s per test: an hour each here. Suppressions and
+# TSAN_OPTIONS: tests/tsan.supp, tests/tsan_env.sh.
 tsan:
-	$(MAKE) BUILD=build-tsan SANFLAGS="-fsanitize=thread" OPT=-O1 test
+	PER_TEST_TIMEOUT=$${PER_TEST_TIMEOUT:-3600} \
+	    $(MAKE) BUILD=build-tsan SANFLAGS="-fsanitize=thread" OPT=-O1 test
 
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 fuzz:

@@ -1103,7 +1103,10 @@ void k3_cluster_close(k3_cluster **cp) {
         pthread_join(c->io, NULL);
     }
     cl_local_stop(c);
-    if (c->ctx) zmq_ctx_term(c->ctx);
+    /* restartable after a signal (zmq_ctx_term(3)); given up, it would
+     * leave libzmq's threads unjoined */
+    while (c->ctx && zmq_ctx_term(c->ctx) != 0 && zmq_errno() == EINTR) {
+    }
     if (c->efd >= 0) close(c->efd);
     while (c->sessions) { /* sessions not closed by their owners */
         cl_sess *x = c->sessions;

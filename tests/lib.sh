@@ -12,7 +12,9 @@
 #                        stops every pid in PIDS and removes T (a script with
 #                        more to undo sets its own EXIT trap calling it)
 #   port                 a free tcp port on 127.0.0.1
+# and exports TSAN_OPTIONS (tests/tsan_env.sh) for a script run alone.
 
+. "$(dirname "${BASH_SOURCE[0]}")/tsan_env.sh"
 BUILD=${BUILD:-build}
 TINY=${TINY:-$BUILD/fixtures/tiny}
 C=$BUILD/k3-coordinator

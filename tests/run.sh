@@ -6,6 +6,7 @@
 # "not ok" line (a crash, a timeout) counts as one failure. TESTS=pattern
 # runs only matching programs.
 set -u
+. "$(dirname "$0")/tsan_env.sh"
 BUILD=${BUILD:-build}
 export BUILD TINY=${TINY:-$BUILD/fixtures/tiny}
 LOGS=$BUILD/test-logs

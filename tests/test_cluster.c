@@ -8,8 +8,10 @@
  *  2. malformed messages to a live worker over a raw socket: every strict
  *     prefix of every request, trailing bytes, wrong types, oversized counts,
  *     unknown type, wrong version, bad frames: each answered with ERROR, the
- *     worker stays up and its next answer is still bit-exact; and a fake
- *     worker sending bad replies to a coordinator: each step fails cleanly;
+ *     worker stays up and its next answer is still bit-exact; a new epoch
+ *     mid-step (STATS counts the old states gone) and a stop under a storm
+ *     of SIGTERMs (exit 0); and a fake worker sending bad replies to a
+ *     coordinator: each step fails cleanly;
  *  3. liveness: kill -9, SIGSTOP / SIGCONT and a stuck compute thread are
  *     detected within their bounds with an error naming worker and layers;
  *     a restarted worker re-registers and a resumed session replays to the
@@ -703,13 +705,89 @@ static void test_malformed_worker(void) {
     zmq_close(s);
 }
 
+/* One worker, two endings of a life.
+ * A new epoch mid-step: FORWARD, then at once HELLO with a new epoch and
+ * STATS. The worker reads both at the step's next layer, frees the old
+ * states only when the step stops, and must already count them gone in
+ * STATS_OK (T2 read 1 held under TSan, where the step is slow enough).
+ * Stopping while signals keep coming: SHUTDOWN, then SIGTERM every
+ * millisecond until it is gone. zmq_ctx_term, called on the way out,
+ * returns EINTR when a signal lands while it waits for libzmq's reaper; a
+ * worker that gave up there left that thread unjoined (under make tsan: a
+ * thread leak, exit 66, seen when cl_local_stop's SIGTERM followed the
+ * SHUTDOWN). It must retry and exit 0. */
+static void test_epoch_and_stop(void) {
+    char ep[128];
+    snprintf(ep, sizeof ep, "ipc://%s/sig", g_tmp);
+    pid_t pid = worker_start(0, g_L, ep, "sig", 1000, NULL, NULL);
+    void *s = zmq_socket(g_zctx, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_connect(s, ep);
+    proto_msg m, r;
+    proto_frames fr;
+    memset(&fr, 0, sizeof fr);
+    uint8_t env[PROTO_ENCODE_CAP];
+    size_t env_len;
+    proto_msg_init(&m, PROTO_MSG_HELLO, 1, 9);
+    k3_link_numerics(&g_mo, 0, &m.u.hello.num);
+    k3_link_fingerprint(g_dir, g_cfg, g_mo.topp, &m.u.hello.fingerprint, err, sizeof err);
+    proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
+    raw_send(s, env, env_len, NULL, NULL, 0);
+    int got = recv_reply(s, &r, &fr, 10000) && r.type == PROTO_MSG_HELLO_OK;
+    enum { T = 64 };
+    float *h = malloc(sizeof(float) * T * (size_t)g_D);
+    for (int i = 0; i < T * g_D; i++) h[i] = 0.01f * (float)(i % 7);
+    proto_msg_init(&m, PROTO_MSG_FORWARD, 2, 9);
+    m.u.forward = (proto_forward){.session = 5, .step = 1, .n_tokens = T, .hidden = (uint32_t)g_D};
+    proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
+    const void *frs[2] = {h, h};
+    size_t frb[2] = {0, sizeof(float) * T * (size_t)g_D};
+    raw_send(s, env, env_len, frs, frb, 2);
+    proto_msg_init(&m, PROTO_MSG_HELLO, 3, 10); /* epoch 10 while the step of epoch 9 runs */
+    k3_link_numerics(&g_mo, 0, &m.u.hello.num);
+    k3_link_fingerprint(g_dir, g_cfg, g_mo.topp, &m.u.hello.fingerprint, err, sizeof err);
+    proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
+    raw_send(s, env, env_len, NULL, NULL, 0);
+    proto_msg_init(&m, PROTO_MSG_STATS, 4, 10);
+    proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
+    raw_send(s, env, env_len, NULL, NULL, 0);
+    /* the FORWARD of epoch 9 gets no reply: the next two are HELLO_OK, STATS_OK */
+    int hello = got && recv_reply(s, &r, &fr, 10000) && r.type == PROTO_MSG_HELLO_OK;
+    int stats = hello && recv_reply(s, &r, &fr, 10000) && r.type == PROTO_MSG_STATS_OK;
+    CHECK(stats && r.epoch == 10 && r.u.stats_ok.sessions == 0,
+          "new epoch mid-step: HELLO_OK, then STATS_OK counting %d sessions held (0: the old "
+          "epoch's are gone)",
+          stats ? (int)r.u.stats_ok.sessions : -1);
+    free(h);
+    got = stats;
+    proto_msg_init(&m, PROTO_MSG_SHUTDOWN, 5, 10);
+    proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
+    raw_send(s, env, env_len, NULL, NULL, 0);
+    got = got && recv_reply(s, &r, &fr, 2000) && r.type == PROTO_MSG_OK;
+    int status = -1, n_sig = 0;
+    double t0 = ms_now();
+    while (got && ms_now() - t0 < 3000 && !k3_worker_exited(pid, &status)) {
+        kill(pid, SIGTERM);
+        n_sig++;
+        sleep_ms(1);
+    }
+    CHECK(got && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "stop under signals: SHUTDOWN answered, then %d SIGTERMs: worker exited with status %d "
+          "after %.0f ms",
+          n_sig, WIFEXITED(status) ? WEXITSTATUS(status) : -1, ms_now() - t0);
+    if (!WIFEXITED(status)) k3_worker_stop(pid, 1000);
+    proto_frames_close(&fr);
+    zmq_close(s);
+}
+
 /* ---- 2b. a fake worker sending bad replies to a coordinator --------- */
 
 enum { FAKE_GARBAGE, FAKE_WRONG_SESS, FAKE_WRONG_K, FAKE_TRUNC, FAKE_GOOD, FAKE_BADFP, FAKE_DUP };
 
 typedef struct fake {
     char ep[128];
-    int mode; /* what the next FORWARD gets */
+    atomic_int mode; /* what the next FORWARD gets: set by the test thread between steps */
     atomic_int stop;
     atomic_int hellos; /* HELLOs answered */
     int quiet;         /* no heartbeats (after a garbage reply, until a new HELLO) */
@@ -745,13 +823,14 @@ static void *fake_main(void *p) {
         char e[256];
         if (proto_recv(s, ZMQ_DONTWAIT, &m, &fr, e, sizeof e)) continue;
         proto_msg out;
+        int mode = atomic_load(&f->mode); /* one value per message */
         if (m.type == PROTO_MSG_HELLO) {
             peer = fr.from;
             epoch = m.epoch;
             f->quiet = 0;
             atomic_fetch_add(&f->hellos, 1);
             proto_msg_init(&out, PROTO_MSG_HELLO_OK, m.id, m.epoch);
-            out.u.hello_ok = (proto_hello_ok){.fingerprint = f->mode == FAKE_BADFP ? fp + 1 : fp,
+            out.u.hello_ok = (proto_hello_ok){.fingerprint = mode == FAKE_BADFP ? fp + 1 : fp,
                                               .layers = {0, (uint32_t)g_L},
                                               .num = m.u.hello.num,
                                               .max_sessions = 4,
@@ -768,26 +847,26 @@ static void *fake_main(void *p) {
                              NULL, NULL, err, sizeof err);
             proto_msg_init(&out, PROTO_MSG_FORWARD_DONE, m.id, m.epoch);
             proto_forward_done *d = &out.u.forward_done;
-            d->session = fw->session + (f->mode == FAKE_WRONG_SESS);
+            d->session = fw->session + (mode == FAKE_WRONG_SESS);
             d->step = fw->step;
             d->n_tokens = fw->n_tokens;
             d->hidden = fw->hidden;
-            d->n_snapshots = (uint32_t)nb - (f->mode == FAKE_WRONG_K);
+            d->n_snapshots = (uint32_t)nb - (mode == FAKE_WRONG_K);
             const void *frs[2] = {blocks, h};
             size_t frb[2] = {sizeof(float) * d->n_snapshots * TD, sizeof(float) * TD};
-            if (f->mode == FAKE_GARBAGE || f->mode == FAKE_TRUNC) {
+            if (mode == FAKE_GARBAGE || mode == FAKE_TRUNC) {
                 uint8_t env[PROTO_ENCODE_CAP];
                 size_t len;
                 proto_encode(&out, env, sizeof env, &len, err, sizeof err);
                 zmq_send(s, fr.from.id, fr.from.len, ZMQ_SNDMORE);
-                if (f->mode == FAKE_GARBAGE)
+                if (mode == FAKE_GARBAGE)
                     zmq_send(s, "\xc1\x00junk", 6, 0);
                 else
                     zmq_send(s, env, len - 1, 0); /* truncated envelope, no frames */
                 f->quiet = 1;
             } else {
                 proto_send(s, &fr.from, &out, frs, frb, 2, 0, err, sizeof err);
-                if (f->mode == FAKE_DUP) /* a duplicate, as from a retrying network */
+                if (mode == FAKE_DUP) /* a duplicate, as from a retrying network */
                     proto_send(s, &fr.from, &out, frs, frb, 2, 0, err, sizeof err);
             }
         } else if (m.type != PROTO_MSG_HEARTBEAT) {
@@ -846,7 +925,7 @@ static void test_bad_replies(void) {
             {FAKE_DUP, "every reply twice", NULL, 5000},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            f.mode = cases[i].mode;
+            atomic_store(&f.mode, cases[i].mode);
             k3_cluster_wait_ready(cl, 5000, err, sizeof err);
             k3_session *s = NULL;
             k3_session_opts so = {.max_ctx = 8, .chunk = 4};
@@ -953,7 +1032,8 @@ static k3_status gen(live *lv, const int32_t *prompt, int n, int ngen, int resum
 typedef struct later {
     int delay_ms;
     live *lv;
-    int what; /* 0: restart worker victim, 1: SIGCONT it */
+    int what;        /* 0: restart worker victim, 1: SIGCONT it */
+    atomic_int done; /* set once it did it: lv->pid and lv->victim are the test's again */
 } later;
 
 /* Waits for the fault (set by the token callback), then delay_ms more. */
@@ -967,6 +1047,7 @@ static void *do_later(void *p) {
     } else {
         kill(l->lv->pid[l->lv->victim], SIGCONT);
     }
+    atomic_store(&l->done, 1);
     while (!atomic_load(&l->lv->helpers_exit)) sleep_ms(10); /* outlive the worker */
     return NULL;
 }
@@ -1034,7 +1115,7 @@ static void test_liveness(void) {
     lv->at_token = 10, lv->sig = SIGKILL, lv->victim = 1;
     atomic_store(&lv->n_tok, 0);
     uint64_t losses0 = k3_cluster_losses(lv->cl);
-    later l = {300, lv, 0};
+    later l = {300, lv, 0, 0};
     atomic_store(&lv->faulted, 0);
     pthread_t th;
     pthread_create(&th, NULL, do_later, &l);
@@ -1045,6 +1126,9 @@ static void test_liveness(void) {
           "T1 resume: killed at token 10, restarted; the resumed generation equals the "
           "uninterrupted one (%d tokens)%s%s",
           atomic_load(&lv->n_tok), st ? ": " : "", st ? err : "");
+    /* the helper wrote lv->pid[1] and read lv->victim: wait until it is
+     * done with them (the worker's registration says nothing of that) */
+    while (!atomic_load(&l.done)) sleep_ms(5);
 
     /* T2: SIGSTOP mid-decode, SIGCONT after 3 x TTL */
     k3_cluster_wait_ready(lv->cl, 10000, err, sizeof err);
@@ -1250,6 +1334,7 @@ int main(int argc, char **argv) {
     const char *only = getenv("K3_TEST_CLUSTER_ONLY"); /* while iterating */
     if (!only || strstr(only, "identity")) test_identity();
     if (!only || strstr(only, "malformed")) test_malformed_worker();
+    if (!only || strstr(only, "epoch")) test_epoch_and_stop();
     if (!only || strstr(only, "replies")) test_bad_replies();
     if (!only || strstr(only, "liveness")) test_liveness();
     if (!only || strstr(only, "eviction")) test_eviction();

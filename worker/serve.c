@@ -231,7 +231,10 @@ static void on_stats(wk *w, wk_req *r) {
     proto_msg_init(&m, PROTO_MSG_STATS_OK, r->msg.id, r->msg.epoch);
     m.u.stats_ok = w->stats;
     m.u.stats_ok.evictions = wk_sessions_evictions(w->sess);
-    m.u.stats_ok.sessions = (uint32_t)wk_sessions_count(w->sess);
+    /* after a new epoch's HELLO mid-step the old states are freed when the
+     * step stops (clear_pending), but they are gone for the coordinator
+     * already: a STATS answered from the layer hook in between says 0 */
+    m.u.stats_ok.sessions = w->clear_pending ? 0 : (uint32_t)wk_sessions_count(w->sess);
     wk_send(w, &r->fr.from, &m, NULL, NULL, 0);
 }
 
@@ -521,7 +524,12 @@ static void wk_cleanup(wk *w) {
     while (w->q_head) req_free(queue_pop(w));
     if (w->sock) zmq_close(w->sock); /* LINGER is short: close never waits long */
     k3_zap_close(&w->zap);
-    if (w->ctx) zmq_ctx_term(w->ctx);
+    /* A signal (the SIGTERM that follows a SHUTDOWN, a second ^C) makes
+     * zmq_ctx_term return EINTR while it waits for LINGER and the reaper;
+     * returning then leaves libzmq's threads unjoined (ThreadSanitizer: a
+     * thread leak, exit 66). It is restartable (zmq_ctx_term(3)). */
+    while (w->ctx && zmq_ctx_term(w->ctx) != 0 && zmq_errno() == EINTR) {
+    }
     wk_sessions_close(&w->sess);
     free(w->blocks);
     free(w->h);
