@@ -35,6 +35,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/generate.h"
 #include "coordinator/keygen.h"
+#include "coordinator/serve.h"
 #include "proto/link.h"
 
 /* ---- the option table -------------------------------------------------- */
@@ -563,6 +564,7 @@ int main(int argc, char **argv) {
     /* subcommands first: they have their own options */
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";
