@@ -286,12 +286,13 @@ static int route_of(const serve_limits *lim, const char *url, const char **metho
     return ROUTE_NONE;
 }
 
-/* Constant-time comparison: the time depends on the lengths only, not on
- * where the strings differ. */
+/* Constant-time comparison of the offered key a with the server's key b:
+ * the loop always runs over all of b, so the time depends on b's length
+ * only, not on where a differs (a shorter a reads its NUL, then byte 0). */
 static int key_equal(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
     unsigned char d = la != lb;
-    for (size_t i = 0; i < lb; i++) d |= (unsigned char)(a[i < la ? i : 0] ^ b[i]) | (la == 0);
+    for (size_t i = 0; i < lb; i++) d |= (unsigned char)(a[i <= la ? i : 0] ^ b[i]);
     return d == 0;
 }
 

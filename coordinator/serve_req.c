@@ -326,6 +326,7 @@ static int parse_messages(serve_req *r, json_t *o, serve_err *e) {
         snprintf(p, sizeof p, "messages[%zu].reasoning_content", i);
         if ((v = field(m, "reasoning_content")) && !get_str(v, p, &cm->reasoning_content, e))
             return 0;
+        snprintf(p, sizeof p, "messages[%zu].tool_calls", i);
         if ((v = field(m, "tool_calls"))) {
             if (!assistant)
                 return bad(e, p, "tool_calls on a %s message (assistant only)", cm->role);

@@ -180,6 +180,63 @@ async function main() {
     check(parts.choices[0].message.content === ma.content,
           'text parts are joined like one string', [parts.choices[0].message.content, ma.content]);
 
+    // thinking: the think channel comes back as reasoning_content (the
+    // tiny model never opens the response channel, so all of it is
+    // reasoning); reasoning_effort other than none turns it on too
+    const th = await chat(msgs, { ...S, max_tokens: 24, enable_thinking: true });
+    const thm = th.choices[0].message;
+    check((thm.reasoning_content || '').length > 0 && thm.content === '',
+          'enable_thinking: the answer is reasoning_content', thm);
+    const ths = await chatStream(msgs, { ...S, max_tokens: 24, enable_thinking: true });
+    check(ths.reasoning === thm.reasoning_content && ths.text === thm.content,
+          'thinking stream: reasoning_content deltas equal the non-stream reasoning',
+          [ths.reasoning, thm.reasoning_content]);
+    const eff = await chat(msgs, { ...S, max_tokens: 24, reasoning_effort: 'low' });
+    check(eff.choices[0].message.reasoning_content === thm.reasoning_content,
+          'reasoning_effort low turns thinking on', eff.choices[0].message);
+    const effn = await chat(msgs, { ...S, max_tokens: 24, reasoning_effort: 'none' });
+    check(effn.choices[0].message.content === ma.content &&
+          effn.choices[0].message.reasoning_content === undefined,
+          'reasoning_effort none leaves thinking off', effn.choices[0].message);
+
+    // tools: declaration, an assistant call and its result render
+    const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather.',
+                     parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+    const conv = [{ role: 'user', content: 'Weather in Paris?' },
+                  { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+                    function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+                  { role: 'tool', tool_call_id: 'call_1', content: 'sunny' }];
+    const t0 = await chat(conv, { ...S, max_tokens: 2 });
+    const t1 = await chat(conv, { ...S, max_tokens: 2, tools });
+    const t2 = await chat(conv, { ...S, max_tokens: 2, tools, tool_choice: 'required' });
+    const t3 = await chat(conv, { ...S, max_tokens: 2, tools, tool_choice: 'none' });
+    check(t1.usage.prompt_tokens > t0.usage.prompt_tokens &&
+          t2.usage.prompt_tokens > t1.usage.prompt_tokens &&
+          t3.usage.prompt_tokens === t0.usage.prompt_tokens,
+          'tools: declared (longer prompt), required adds the tool-choice message, none omits them',
+          [t0.usage, t1.usage, t2.usage, t3.usage]);
+    const forced = await chat(conv, { ...S, max_tokens: 2, tools,
+                                      tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+    check(forced.usage.prompt_tokens > t1.usage.prompt_tokens, 'tools: a forced function renders',
+          forced.usage);
+    for (const [name, body, param] of [
+        ['tool arguments that are not JSON', { messages: [{ role: 'assistant', content: '',
+          tool_calls: [{ id: 'c', type: 'function', function: { name: 'f', arguments: 'not json' } }] }] },
+         'messages'],
+        ['tool_choice without tools', { messages: msgs, tool_choice: 'required' }, 'tool_choice'],
+        ['a forced tool that is not declared', { messages: msgs, tools,
+          tool_choice: { type: 'function', function: { name: 'nope' } } }, 'messages'],
+        ['tool_calls on a user message', { messages: [{ role: 'user', content: 'x',
+          tool_calls: [] }] }, 'messages[0].tool_calls']]) {
+        try {
+            await client.chat.completions.create({ model, max_tokens: 2, ...body });
+            check(false, `${name} is refused`);
+        } catch (e) {
+            check(e.status === 400 && e.param === param, `${name}: 400 naming ${param}`,
+                  { status: e.status, param: e.param, message: e.message });
+        }
+    }
+
     // errors through the client: the envelope fields
     try {
         await chat(msgs, { n: 2 });

@@ -16,7 +16,7 @@ need_bins "$C"
 make_tmp k3serve
 
 KEY=test-key-$$
-CTX=320
+CTX=1024
 PROMPT="The quick brown fox"
 NGEN=12
 API=$(cd "$(dirname "$0")/../api" && pwd)
@@ -32,7 +32,7 @@ P=$(port)
     --model-id tiny-k3 >"$T/out" 2>"$T/err" &
 SRV=$!
 PIDS+=("$SRV")
-for _ in $(seq 1 1000); do
+for _ in $(seq 1 3000); do
     grep -q "^serving on http://127.0.0.1:$P$" "$T/out" && break
     kill -0 "$SRV" 2>/dev/null || break
     sleep 0.1
@@ -119,7 +119,7 @@ req "frequency_penalty" 400 '"param":"frequency_penalty"' "${AUTH[@]}" "${J[@]}"
 req "completions without prompt" 400 '"param":"prompt"' "${AUTH[@]}" "${J[@]}" -d '{}' \
     "$URL/v1/completions"
 req "completions prompt over the context" 400 '"code":"context_length_exceeded"' "${AUTH[@]}" \
-    "${J[@]}" -d "{\"prompt\":\"$(printf 'fox %.0s' $(seq 1 1000))\",\"stream\":true}" \
+    "${J[@]}" -d "{\"prompt\":\"$(printf 'fox %.0s' $(seq 1 3000))\",\"stream\":true}" \
     "$URL/v1/completions"
 # zero penalties and n = 1 change nothing: accepted
 code=$(curl -s -o "$T/body" -w '%{http_code}' "${AUTH[@]}" "${J[@]}" \
@@ -133,6 +133,25 @@ if [ "$code" = 200 ] && grep -q '"status":"ok"' "$T/body" && grep -q '"queue":{"
 else
     bad "health: $code $(head -c 300 "$T/body")"
 fi
+
+# ---- admission: --max-queue 4 running, the 5th gets 429 ----
+for i in 1 2 3 4; do
+    curl -s -N "${AUTH[@]}" "${J[@]}" -d '{"prompt":"fox","stream":true,"max_tokens":300}' \
+        "$URL/v1/completions" >"$T/q$i" &
+    QP[$i]=$!
+done
+for _ in $(seq 1 200); do
+    n=0
+    for i in 1 2 3 4; do [ -s "$T/q$i" ] && n=$((n + 1)); done
+    [ $n = 4 ] && break
+    sleep 0.01
+done
+req "a 5th generation while 4 run (--max-queue 4)" 429 '"code":"queue_full"' "${AUTH[@]}" \
+    "${J[@]}" -d "{$MSG,\"max_tokens\":1}" "$CHAT"
+wait "${QP[@]}"
+n=0
+for i in 1 2 3 4; do grep -q '^data: \[DONE\]$' "$T/q$i" && n=$((n + 1)); done
+[ $n = 4 ] && ok "the 4 admitted streams complete" || bad "admitted streams: $n of 4 complete"
 
 # ---- SIGTERM while a stream runs: it completes, then exit 0 ----
 curl -s -N "${AUTH[@]}" "${J[@]}" \
