@@ -234,7 +234,15 @@ typedef struct conn {
     int keepalive_s; /* seconds without an SSE write */
 } conn;
 
-enum { ROUTE_NONE = 0, ROUTE_CHAT, ROUTE_COMPLETIONS, ROUTE_MODELS, ROUTE_MODEL, ROUTE_HEALTH };
+enum {
+    ROUTE_NONE = 0,
+    ROUTE_CHAT,
+    ROUTE_COMPLETIONS,
+    ROUTE_MODELS,
+    ROUTE_MODEL,
+    ROUTE_NO_MODEL, /* /v1/models/{another id} */
+    ROUTE_HEALTH
+};
 
 static int g_sig_pipe[2] = {-1, -1};
 
@@ -281,7 +289,8 @@ static int route_of(const serve_limits *lim, const char *url, const char **metho
     if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
     *method = "GET";
     if (!strcmp(url, "/v1/models")) return ROUTE_MODELS;
-    if (!strncmp(url, "/v1/models/", 11) && !strcmp(url + 11, lim->model_id)) return ROUTE_MODEL;
+    if (!strncmp(url, "/v1/models/", 11))
+        return strcmp(url + 11, lim->model_id) ? ROUTE_NO_MODEL : ROUTE_MODEL;
     if (!strcmp(url, "/health")) return ROUTE_HEALTH;
     return ROUTE_NONE;
 }
@@ -325,6 +334,12 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, int route)
     if (route == ROUTE_MODELS)
         return send_obj(c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_obj(s)));
     if (route == ROUTE_MODEL) return send_obj(c, 200, model_obj(s));
+    if (route == ROUTE_NO_MODEL) {
+        serve_err e;
+        serve_fail(&e, 404, "invalid_request_error", "model", "model_not_found",
+                   "this server serves one model, '%.200s'", s->lim.model_id);
+        return send_err(c, &e);
+    }
     /* /health: ready once the engine is open (the daemon starts after) */
     const k3_config *cfg = k3_engine_config(s->eng);
     pthread_mutex_lock(&s->mu);

@@ -73,6 +73,7 @@ CHAT=$URL/v1/chat/completions
 MSG='"messages":[{"role":"user","content":"hi"}]'
 
 req "unknown route" 404 '"code":"not_found"' "${AUTH[@]}" "$URL/v1/nothing"
+req "another model's id" 404 '"code":"model_not_found"' "${AUTH[@]}" "$URL/v1/models/gpt-4"
 req "GET on a POST route" 405 '"code":"method_not_allowed"' "${AUTH[@]}" "$CHAT"
 curl -s -D "$T/hdr" -o /dev/null "${AUTH[@]}" -X POST "$URL/v1/models"
 grep -qi '^Allow: GET' "$T/hdr" && ok "405 names the allowed method" || bad "405 without Allow: GET"
@@ -167,4 +168,33 @@ tail -1 "$T/stream" | grep -q '^$' && grep -q '^data: \[DONE\]$' "$T/stream" &&
     ok "a stream in flight at SIGTERM completes with [DONE]" ||
     bad "stream at SIGTERM: $(tail -c 300 "$T/stream")"
 [ "$rc" = 0 ] && ok "SIGTERM: serve exits 0" || bad "SIGTERM: exit status $rc: $(tail -3 "$T/err")"
+
+# ---- with 2 local workers: the same text as the CLI, and a clean stop ----
+P2=$(port)
+"$C" serve --model "$TINY" --local 2 --port "$P2" --ctx $CTX >"$T/out2" 2>"$T/err2" &
+SRV2=$!
+PIDS+=("$SRV2")
+for _ in $(seq 1 600); do
+    grep -q "^serving on" "$T/out2" && break
+    kill -0 "$SRV2" 2>/dev/null || break
+    sleep 0.1
+done
+curl -s -o "$T/w.json" "${J[@]}" -d "{\"prompt\":\"$PROMPT\",\"temperature\":0,\"max_tokens\":$NGEN}" \
+    "http://127.0.0.1:$P2/v1/completions"
+got=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["choices"][0]["text"], end="")' \
+    "$T/w.json" 2>/dev/null)
+[ "$got" = "$cli_text" ] && ok "--local 2: /v1/completions equals the CLI text" ||
+    bad "--local 2: got '$got', want '$cli_text' ($(tail -2 "$T/err2"))"
+kids=$(pgrep -P "$SRV2" | tr '\n' ' ')
+[ "$(echo $kids | wc -w)" -ge 2 ] && ok "--local 2: two worker processes" ||
+    bad "--local 2: worker processes: '$kids'"
+kill -TERM "$SRV2"
+rc=0
+wait "$SRV2" || rc=$?
+PIDS=()
+[ "$rc" = 0 ] && ok "--local 2: SIGTERM exits 0" || bad "--local 2: exit status $rc"
+left=""
+for k in $kids; do kill -0 "$k" 2>/dev/null && left="$left $k"; done
+[ -z "$left" ] && ok "--local 2: the workers are gone after the exit" ||
+    bad "--local 2: workers still running:$left"
 exit $fail
