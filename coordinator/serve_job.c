@@ -7,11 +7,11 @@
  *   chat:        k3_chat_filter (hidden markers, reasoning vs content,
  *                tool calls, the stop token)
  *   completions: the streaming UTF-8 decoder; eos ids are not text
- * then content passes the stop-string matcher, which holds back any tail
- * that could still become a stop string and cuts the text before the first
- * match (the stop string itself is never sent). What comes out is appended
- * under the job's lock either as SSE events (stream) or to the answer's
- * buffers (non-stream), and the reader is woken.
+ * then content passes the stop-string matcher (coordinator/serve_stop.h),
+ * which holds back any tail that could still become a stop string and cuts
+ * the text before the first match (the stop string itself is never sent). What comes out is
+ * appended under the job's lock either as SSE events (stream) or to the answer's buffers
+ * (non-stream), and the reader is woken.
  *
  * The answer is complete ("finished") at a stop string, a stop token or
  * the end of the generation. After a stop string the engine still runs to
@@ -29,6 +29,7 @@
 #include "common/base/log.h"
 #include "common/base/strbuf.h"
 #include "coordinator/serve_api.h"
+#include "coordinator/serve_stop.h"
 
 struct serve_job {
     pthread_mutex_t mu; /* guards everything below marked (mu) */
@@ -48,8 +49,6 @@ struct serve_job {
     int max_ctx;    /* session capacity */
     k3_sampler_opts sampling;
     uint64_t session;
-    char *stops[K3_SERVE_MAX_STOPS]; /* [n_stops], owned */
-    int n_stops;
     const int *eos; /* [n_eos] the config's stop ids (completions) */
     int n_eos;
     void (*done)(void *ctx);
@@ -58,7 +57,7 @@ struct serve_job {
     /* generation thread only */
     k3_chat_filter *filter; /* chat, owned */
     k3_tok_stream ts;       /* completions decoder */
-    k3_strbuf hold;         /* content held back by the stop matcher */
+    serve_stop stop;        /* the request's stop strings over the content */
     int n_seen;             /* ids generated so far */
     int stopped;            /* a stop string or stop token ended the answer */
 
@@ -81,10 +80,9 @@ static void job_free(serve_job *j) {
     pthread_cond_destroy(&j->cv);
     free(j->model);
     free(j->prompt);
-    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     k3_chat_filter_close(&j->filter);
     k3_tok_stream_reset(&j->ts);
-    free(j->hold.p);
+    serve_stop_free(&j->stop);
     free(j->sse.p);
     free(j->content.p);
     free(j->reasoning.p);
@@ -230,43 +228,18 @@ static void finish(serve_job *j, const char *reason) {
 
 /* ---- stop strings -------------------------------------------------------- */
 
-/* Adds content to the held-back tail, cuts at the earliest stop string
- * (then the answer is finished) and releases everything that can no longer
- * be the start of one. A kept tail begins with a stop string's first byte,
- * so the cut never splits a UTF-8 sequence. */
+/* Content through the stop matcher (coordinator/serve_stop.h); a match
+ * finishes the answer. */
 static void content_add(serve_job *j, const char *s, size_t n, int flush) {
     if (j->stopped) return;
-    if (j->n_stops == 0) {
-        emit_text(j, 0, s, n);
-        return;
-    }
-    k3_strbuf_add(&j->hold, s, n);
-    const char *h = j->hold.p ? j->hold.p : "";
-    size_t len = j->hold.n, cut = len;
-    for (int i = 0; i < j->n_stops; i++) {
-        const char *m = memmem(h, len, j->stops[i], strlen(j->stops[i]));
-        if (m && (size_t)(m - h) < cut) cut = (size_t)(m - h);
-    }
-    if (cut < len) {
-        emit_text(j, 0, h, cut);
+    const char *out;
+    size_t out_len;
+    int hit = serve_stop_push(&j->stop, s, n, flush, &out, &out_len);
+    emit_text(j, 0, out, out_len);
+    if (hit) {
         j->stopped = 1;
-        j->hold.n = 0;
         finish(j, "stop");
-        return;
     }
-    size_t keep = 0;
-    for (int i = 0; i < j->n_stops && !flush; i++) {
-        size_t sl = strlen(j->stops[i]);
-        for (size_t k = sl - 1 < len ? sl - 1 : len; k > keep; k--)
-            if (!memcmp(h + len - k, j->stops[i], k)) {
-                keep = k;
-                break;
-            }
-    }
-    emit_text(j, 0, h, len - keep);
-    memmove(j->hold.p, h + len - keep, keep);
-    j->hold.n = keep;
-    j->hold.p[keep] = 0;
 }
 
 /* ---- the generation thread ---------------------------------------------- */
@@ -410,7 +383,7 @@ int serve_job_start(serve_job **out, k3_engine *eng, const serve_req *r, const s
     const k3_config *cfg = k3_engine_config(eng);
     j->eos = cfg->eos;
     j->n_eos = cfg->n_eos;
-    for (int i = 0; i < r->n_stops; i++) j->stops[j->n_stops++] = k3_xstrdup(r->stops[i]);
+    serve_stop_init(&j->stop, r->stops, r->n_stops);
     unsigned char b[12] = {0};
     if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) memcpy(b, &session_id, 8);
     int w = snprintf(j->id, sizeof j->id, "%s", r->chat ? "chatcmpl-" : "cmpl-");
