@@ -347,8 +347,9 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, int route)
         "{s:s,s:s,s:i,s:i,s:{s:i,s:i},s:i,s:i}", "status", s->stopping ? "stopping" : "ok", "model",
         s->lim.model_id, "layers", cfg->n_layers, "context", s->lim.ctx, "queue", "running",
         s->running, "max", s->max_running, "sessions", s->max_running, "requests", s->in_flight);
+    int http = s->stopping ? 503 : 200;
     pthread_mutex_unlock(&s->mu);
-    return send_obj(c, s->stopping ? 503 : 200, o);
+    return send_obj(c, http, o);
 }
 
 /* ---- generations ------------------------------------------------------------ */
@@ -553,7 +554,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                    "request body over %u bytes (K3_SERVE_MAX_BODY)", K3_SERVE_MAX_BODY);
         return send_err(c, &e);
     }
-    if (s->stopping) {
+    pthread_mutex_lock(&s->mu);
+    int stopping = s->stopping;
+    pthread_mutex_unlock(&s->mu);
+    if (stopping) {
         serve_fail(&e, 503, "server_error", "", "shutting_down", "the server is shutting down");
         return send_err(c, &e);
     }
@@ -733,14 +737,14 @@ int cmd_serve(int argc, char **argv) {
         if (poll(&p, 1, -1) > 0) break;
         if (errno != EINTR) break;
     }
-    K3_INFO("serve: shutting down: %d requests in flight, %d generations", s.in_flight, s.running);
     MHD_quiesce_daemon(d);
     pthread_mutex_lock(&s.mu);
     s.stopping = 1;
+    int n_req = s.in_flight, n_gen = s.running;
     pthread_mutex_unlock(&s.mu);
-    if (wait_zero(&s, &s.in_flight, o.drain_s) > 0) {
-        K3_WARN("serve: %d requests still open after %d s: ending their streams", s.in_flight,
-                o.drain_s);
+    K3_INFO("serve: shutting down: %d requests in flight, %d generations", n_req, n_gen);
+    if ((n_req = wait_zero(&s, &s.in_flight, o.drain_s)) > 0) {
+        K3_WARN("serve: %d requests still open after %d s: ending their streams", n_req, o.drain_s);
         pthread_mutex_lock(&s.mu);
         for (int i = 0; i < s.n_conns; i++) serve_job_abort(s.conns[i]->job);
         pthread_mutex_unlock(&s.mu);
