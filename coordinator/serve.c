@@ -255,14 +255,15 @@ static void on_signal(int sig) {
 /* ---- responses ----------------------------------------------------------- */
 
 /* Queues json with status http; allow, when not NULL, is the Allow header
- * of a 405. */
-static enum MHD_Result send_json_allow(struct MHD_Connection *c, int http, const char *json,
-                                       const char *allow) {
+ * of a 405, request_id the x-request-id of a generation. */
+static enum MHD_Result send_json_hdr(struct MHD_Connection *c, int http, const char *json,
+                                     const char *allow, const char *request_id) {
     struct MHD_Response *r =
         MHD_create_response_from_buffer(strlen(json), (void *)json, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "application/json");
     if (allow) MHD_add_response_header(r, "Allow", allow);
+    if (request_id) MHD_add_response_header(r, "x-request-id", request_id);
     if (http == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)http, r);
     MHD_destroy_response(r);
@@ -270,7 +271,7 @@ static enum MHD_Result send_json_allow(struct MHD_Connection *c, int http, const
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *c, int http, const char *json) {
-    return send_json_allow(c, http, json, NULL);
+    return send_json_hdr(c, http, json, NULL, NULL);
 }
 
 static enum MHD_Result send_err(struct MHD_Connection *c, const serve_err *e) {
@@ -463,7 +464,8 @@ static enum MHD_Result run_generation(conn *k, struct MHD_Connection *c) {
     conn_track(s, k, 1);
     if (!stream) {
         char *json = serve_job_wait(k->job, &e);
-        enum MHD_Result ret = json ? send_json(c, 200, json) : send_err(c, &e);
+        enum MHD_Result ret =
+            json ? send_json_hdr(c, 200, json, NULL, serve_job_id(k->job)) : send_err(c, &e);
         free(json);
         return ret;
     }
@@ -474,6 +476,7 @@ static enum MHD_Result run_generation(conn *k, struct MHD_Connection *c) {
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     MHD_add_response_header(resp, "Connection", "close");
+    MHD_add_response_header(resp, "x-request-id", serve_job_id(k->job));
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -500,7 +503,7 @@ static enum MHD_Result first_call(conn *k, struct MHD_Connection *c, const char 
                    "%s %.200s: method not allowed (use %s)", method, url, want);
         char *j = serve_err_json(&e);
         *queued = 1;
-        enum MHD_Result ret = send_json_allow(c, 405, j, want);
+        enum MHD_Result ret = send_json_hdr(c, 405, j, want, NULL);
         free(j);
         return ret;
     }

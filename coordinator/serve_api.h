@@ -97,6 +97,9 @@ typedef struct serve_job serve_job;
  * started, done not called). */
 int serve_job_start(serve_job **out, k3_engine *eng, const serve_req *r, const serve_limits *lim,
                     uint64_t session_id, void (*done)(void *ctx), void *done_ctx, serve_err *e);
+/* The response id ("chatcmpl-<24 hex>", "cmpl-<24 hex>"), also sent as
+ * the x-request-id header; valid for the job's life. */
+const char *serve_job_id(const serve_job *j);
 /* Drops the caller's reference (NULL is fine). */
 void serve_job_unref(serve_job **j);
 

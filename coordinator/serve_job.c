@@ -90,6 +90,8 @@ static void job_free(serve_job *j) {
     free(j);
 }
 
+const char *serve_job_id(const serve_job *j) { return j->id; }
+
 void serve_job_unref(serve_job **jp) {
     serve_job *j = *jp;
     if (!j) return;

@@ -128,6 +128,19 @@ code=$(curl -s -o "$T/body" -w '%{http_code}' "${AUTH[@]}" "${J[@]}" \
 [ "$code" = 200 ] && ok "neutral values of refused fields are accepted" ||
     bad "neutral values refused: $code $(head -c 300 "$T/body")"
 
+curl -s -D "$T/hdr" -o "$T/body" "${AUTH[@]}" "${J[@]}" -d "{$MSG,\"max_tokens\":1}" "$CHAT"
+rid=$(tr -d '\r' <"$T/hdr" | sed -n 's/^x-request-id: //Ip')
+grep -q "\"id\":\"$rid\"" "$T/body" && [ -n "$rid" ] && ok "x-request-id is the response id ($rid)" ||
+    bad "x-request-id '$rid' vs $(head -c 200 "$T/body")"
+curl -s -N -D "$T/hdr" -o "$T/body" "${AUTH[@]}" "${J[@]}" -d "{$MSG,\"max_tokens\":1,\"stream\":true}" "$CHAT"
+rid=$(tr -d '\r' <"$T/hdr" | sed -n 's/^x-request-id: //Ip')
+if grep -qi '^content-type: text/event-stream' "$T/hdr" && grep -qi '^cache-control: no-cache' "$T/hdr" &&
+    [ -n "$rid" ] && grep -q "\"id\":\"$rid\"" "$T/body"; then
+    ok "stream headers: text/event-stream, no-cache, x-request-id"
+else
+    bad "stream headers: $(tr '\r\n' '  ' <"$T/hdr")"
+fi
+
 code=$(curl -s -o "$T/body" -w '%{http_code}' "$URL/health")
 if [ "$code" = 200 ] && grep -q '"status":"ok"' "$T/body" && grep -q '"queue":{"running":0' "$T/body"; then
     ok "health: 200 with the queue"
