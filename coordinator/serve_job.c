@@ -132,9 +132,11 @@ static void sse_delta(serve_job *j, json_t *delta, const char *text, size_t len,
     if (j->chat)
         c = json_pack("{s:i,s:o,s:n,s:o}", "index", 0, "delta", delta, "logprobs", "finish_reason",
                       fin);
-    else
+    else {
+        json_decref(delta); /* completions chunks have no delta (NULL is fine) */
         c = json_pack("{s:s%,s:i,s:n,s:o}", "text", text ? text : "", len, "index", 0, "logprobs",
                       "finish_reason", fin);
+    }
     sse_event(j, chunk_head(j, json_pack("[o]", c)));
 }
 
