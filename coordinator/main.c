@@ -5,6 +5,7 @@
  *                  [--print-ids] [--all-logits FILE] [--trace FILE]
  *                  [--threads N] [--dirs a,b] [--stats]
  *   k3-coordinator tokenize ...            (coordinator/cmd_tokenize.c)
+ *   k3-coordinator serve ...               (coordinator/serve.c, docs/SERVING.md)
  *
  * Every setting comes from the one table below (flags, K3_* variables,
  * defaults, ranges, --help). main() validates the options, opens the
@@ -246,6 +247,8 @@ static const k3_opt coord_table[] = {
 static const char *usage_text =
     "usage: k3-coordinator --model DIR [options] [\"prompt\" | --ids 5,7,9]\n"
     "       k3-coordinator tokenize [options]    (k3-coordinator tokenize --help)\n"
+    "       k3-coordinator serve --model DIR [options]    (OpenAI-compatible HTTP API, "
+    "docs/SERVING.md)\n"
     "\n"
     "Generates text with Kimi K3. A text prompt is tokenized with the model\n"
     "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.";
