@@ -5,6 +5,7 @@
  *                  [--print-ids] [--all-logits FILE] [--trace FILE]
  *                  [--threads N] [--dirs a,b] [--stats]
  *   k3-coordinator tokenize ...            (coordinator/cmd_tokenize.c)
+ *   k3-coordinator serve ...               (coordinator/serve.c, docs/SERVING.md)
  *
  * Every setting comes from the one table below (flags, K3_* variables,
  * defaults, ranges, --help). main() validates the options, opens the
@@ -35,6 +36,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/generate.h"
 #include "coordinator/keygen.h"
+#include "coordinator/serve.h"
 #include "proto/link.h"
 
 /* ---- the option table -------------------------------------------------- */
@@ -256,6 +258,8 @@ static const k3_opt coord_table[] = {
 static const char *usage_text =
     "usage: k3-coordinator --model DIR [options] [\"prompt\" | --ids 5,7,9]\n"
     "       k3-coordinator tokenize [options]    (k3-coordinator tokenize --help)\n"
+    "       k3-coordinator serve --model DIR [options]    (OpenAI-compatible HTTP API, "
+    "docs/SERVING.md)\n"
     "\n"
     "Generates text with Kimi K3. A text prompt is tokenized with the model\n"
     "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.";
@@ -579,6 +583,7 @@ int main(int argc, char **argv) {
     /* subcommands first: they have their own options */
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";

@@ -26,8 +26,21 @@ for p in "${PKGS[@]}"; do
   fi
 done
 
+# The API tests' client (tests/api: the openai npm package, pinned by
+# package-lock.json): npm ci only when node_modules is missing, so this stays
+# cheap. Needs the npm registry the first time only.
+api_client() {
+  local api
+  api="$(cd "$(dirname "$0")/.." && pwd)/tests/api"
+  [ -d "$api/node_modules" ] && return 0
+  command -v npm >/dev/null 2>&1 || { echo "install-deps: npm missing: tests/api not installed"; return 0; }
+  echo "install-deps: npm ci in tests/api"
+  (cd "$api" && npm ci --no-audit --no-fund --loglevel=error)
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#PKGS[@]} packages present"
+  api_client
   exit 0
 fi
 
@@ -37,4 +50,5 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+api_client
 echo "install-deps: done"

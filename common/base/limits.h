@@ -72,4 +72,12 @@
 #define K3_MAX_WORKERS       128   /* stages: at most one per layer (K3_MAX_LAYERS) */
 #define K3_MAX_ENDPOINT      256   /* one endpoint string (ipc paths are <= 107 bytes) */
 
+/* ---- HTTP serving (coordinator/serve*.c, docs/SERVING.md) ---- */
+#define K3_SERVE_MAX_BODY       (8u << 20) /* request body: 8 MiB holds ~2M tokens of text */
+#define K3_SERVE_MAX_STOPS      4          /* stop strings per request (OpenAI's limit) */
+#define K3_SERVE_MAX_STOP_BYTES 256  /* one stop string; longer ones are never tokens' worth */
+#define K3_SERVE_MAX_MSGS       4096 /* messages per chat request; real chats hold < 1000 */
+#define K3_SERVE_MAX_PARTS      1024 /* content parts per message */
+#define K3_SERVE_MAX_QUEUE      1024 /* --max-queue: requests admitted at once */
+
 #endif
