@@ -730,8 +730,9 @@ static void test_epoch_and_stop(void) {
     uint8_t env[PROTO_ENCODE_CAP];
     size_t env_len;
     proto_msg_init(&m, PROTO_MSG_HELLO, 1, 9);
-    k3_link_numerics(&g_mo, 0, &m.u.hello.num);
-    k3_link_fingerprint(g_dir, g_cfg, g_mo.topp, &m.u.hello.fingerprint, err, sizeof err);
+    k3_link_numerics(g_mo.bits, g_mo.mla_bits, g_mo.head_bits, g_mo.idot, g_mo.dense_idot, 0,
+                     &m.u.hello.num);
+    k3_model_fingerprint_dir(g_dir, g_cfg, g_mo.topp, &m.u.hello.fingerprint, err, sizeof err);
     proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
     raw_send(s, env, env_len, NULL, NULL, 0);
     int got = recv_reply(s, &r, &fr, 10000) && r.type == PROTO_MSG_HELLO_OK;
@@ -745,8 +746,9 @@ static void test_epoch_and_stop(void) {
     size_t frb[2] = {0, sizeof(float) * T * (size_t)g_D};
     raw_send(s, env, env_len, frs, frb, 2);
     proto_msg_init(&m, PROTO_MSG_HELLO, 3, 10); /* epoch 10 while the step of epoch 9 runs */
-    k3_link_numerics(&g_mo, 0, &m.u.hello.num);
-    k3_link_fingerprint(g_dir, g_cfg, g_mo.topp, &m.u.hello.fingerprint, err, sizeof err);
+    k3_link_numerics(g_mo.bits, g_mo.mla_bits, g_mo.head_bits, g_mo.idot, g_mo.dense_idot, 0,
+                     &m.u.hello.num);
+    k3_model_fingerprint_dir(g_dir, g_cfg, g_mo.topp, &m.u.hello.fingerprint, err, sizeof err);
     proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
     raw_send(s, env, env_len, NULL, NULL, 0);
     proto_msg_init(&m, PROTO_MSG_STATS, 4, 10);
