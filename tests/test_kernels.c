@@ -79,7 +79,7 @@ static void test_tables(void) {
     int ok = 1;
     for (int i = 0; i < 16; i++)
         ok &= k3_e2m1[i] == want[i] && signbit(k3_e2m1[i]) == signbit(want[i]);
-    CHECK(ok, "e2m1 table matches spec 4.1 (incl. -0 at nibble 8)");
+    CHECK(ok, "e2m1 table matches docs/MODEL.md 4.1 (incl. -0 at nibble 8)");
     CHECK(k3_e8m0_to_f32(127) == 1.0f && k3_e8m0_to_f32(128) == 2.0f &&
               k3_e8m0_to_f32(120) == 1.0f / 128,
           "e8m0 127 -> 1, 128 -> 2, 120 -> 2^-7");

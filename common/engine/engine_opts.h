@@ -136,7 +136,7 @@ typedef struct k3_engine_opts {
      .type = K3_OPT_BOOL,                                                                          \
      .offset = K3_ENGINE_OFF(T, m, dense_idot),                                                    \
      .def = "0",                                                                                   \
-     .help = "int8-activation kernels for int8/int4 dense matrices too (faster; not spec 4.2)"},   \
+     .help = "int8-activation kernels for int8/int4 dense matrices too (faster; not docs/MODEL.md 4.2)"},   \
     {.name = "expert_gb",                                                                          \
      .flag = "--expert-gb",                                                                        \
      .env = "K3_EXPERT_GB",                                                                        \

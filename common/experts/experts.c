@@ -486,8 +486,9 @@ void exp_read_done(exp_item *it, k3_status st, double t0_ms, double t1_ms) {
     }
     if (bad && !L->warned_scale) {
         L->warned_scale = 1;
-        K3_WARN("layer %d expert %d: %s byte %llu is %d (decoded as %s; spec 8.4)", b->layer,
-                it->id, k3_exp_part_name[part], (unsigned long long)at, val, val ? "+inf" : "+0");
+        K3_WARN("layer %d expert %d: %s byte %llu is %d (decoded as %s; docs/MODEL.md 8.4)",
+                b->layer, it->id, k3_exp_part_name[part], (unsigned long long)at, val,
+                val ? "+inf" : "+0");
     }
     b->st.busy_ms += t1_ms - t0_ms;
     if (--b->reads_in_flight == 0) b->st.io_ms += t1_ms - b->io_t0;

@@ -274,7 +274,7 @@ function main() {
     const exp = fs.readFileSync(expFile, "utf8").split("\n");
     const got = fs.readFileSync(gotFile, "utf8").split("\n");
     const cases = readCases(casesFile);
-    const groups = [["18 corpus strings (interfaces.md 1.7)", 0, 18], ["500 random strings", 18, 518],
+    const groups = [["18 corpus strings (docs/INTERFACES.md 1.7)", 0, 18], ["500 random strings", 18, 518],
       ["the 1 MB text", 518, 519]];
     for (const [name, lo, hi] of groups) {
       let bad = 0, first = -1, nIds = 0;
