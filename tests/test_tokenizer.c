@@ -751,7 +751,7 @@ static void test_tiny(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/tiktoken.model", t_tiny_dir());
     if (access(path, R_OK) != 0) {
-        printf("# tiny checkpoint not found at %s: skipping its checks\n", t_tiny_dir());
+        SKIP("tiny checkpoint tokenizer checks", "%s does not exist (make tiny)", path);
         return;
     }
     k3_tok *t = NULL;
