@@ -13,4 +13,3 @@ void *k3_arena_alloc(k3_arena *a, size_t bytes) {
     a->used += n;
     return p;
 }
-
