@@ -5,9 +5,13 @@
 # Sets BUILD, TINY, C (k3-coordinator), W (k3-worker), fail=0 and PIDS=(),
 # and defines:
 #   ok MSG / bad MSG     print "ok - MSG" / "not ok - MSG" (bad sets fail=1)
+#   skip WHAT REASON     print "skip - WHAT: skipped: REASON": checks that did
+#                        not run, counted by tests/run.sh as skipped, not passed
 #   need_bins BIN...     "not ok - BIN not built" and exit 1 unless each runs
-#   need_strace          skip (exit 0) without strace or ptrace; turns off
-#                        LeakSanitizer, which cannot run under ptrace
+#   need_root WHAT       unless root: "skip - WHAT: skipped: needs root", exit 0
+#   need_strace WHAT     unless strace and ptrace work: a skip line for WHAT,
+#                        exit 0; turns off LeakSanitizer, which cannot run
+#                        under ptrace
 #   make_tmp NAME        T = a new temporary directory; on exit k3_cleanup
 #                        stops every pid in PIDS and removes T (a script with
 #                        more to undo sets its own EXIT trap calling it)
@@ -24,6 +28,9 @@ PIDS=()
 T=""
 
 ok() { echo "ok - $*"; }
+skip() { # what reason
+    echo "skip - $1: skipped: $2"
+}
 bad() {
     echo "not ok - $*"
     fail=1
@@ -39,9 +46,20 @@ need_bins() { # bin...
     done
 }
 
-need_strace() {
-    if ! command -v strace >/dev/null 2>&1 || ! strace -o /dev/null /bin/true 2>/dev/null; then
-        echo "# skip: strace missing or ptrace not permitted"
+need_root() { # what
+    if [ "$(id -u)" -ne 0 ]; then
+        skip "$1" "needs root"
+        exit 0
+    fi
+}
+
+need_strace() { # what
+    if ! command -v strace >/dev/null 2>&1; then
+        skip "$1" "no strace (make deps installs it)"
+        exit 0
+    fi
+    if ! strace -o /dev/null /bin/true 2>/dev/null; then
+        skip "$1" "ptrace not permitted here"
         exit 0
     fi
     # LeakSanitizer stops with "LeakSanitizer has encountered a fatal error"

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # tests/run.sh: runs every test program ($BUILD/tests/test_*) and every
 # integration script (tests/integration/*.sh, *.py), each under a timeout,
-# logs to $BUILD/test-logs/, counts "ok - " / "not ok - " lines and prints the
-# final "N passed, N failed". A program that exits non-zero without a
-# "not ok" line (a crash, a timeout) counts as one failure. TESTS=pattern
+# logs to $BUILD/test-logs/, counts "ok - ", "not ok - " and "skip - " lines
+# (passed, failed, skipped: a skip is "skip - WHAT: skipped: REASON", from
+# SKIP in tests/test.h or skip in tests/lib.sh) and prints the final
+# "N passed, N failed, N skipped". A program that exits non-zero without a
+# "not ok" line (a crash, a timeout) counts as one failure, and so does one
+# that prints none of the three lines (it checked nothing). TESTS=pattern
 # runs only matching programs.
 set -u
 . "$(dirname "$0")/tsan_env.sh"
@@ -12,7 +15,7 @@ export BUILD TINY=${TINY:-$BUILD/fixtures/tiny}
 LOGS=$BUILD/test-logs
 mkdir -p "$LOGS"
 PER_TEST_TIMEOUT=${PER_TEST_TIMEOUT:-900}
-pass=0 fail=0
+pass=0 fail=0 skip=0
 failed_names=()
 
 run_one() {  # name, command...
@@ -21,19 +24,24 @@ run_one() {  # name, command...
     local t0=$(date +%s.%N)
     timeout -k 10 "$PER_TEST_TIMEOUT" "$@" >"$log" 2>&1
     local rc=$?
-    local p f
+    local p f s
     p=$(grep -c '^ok - ' "$log")
     f=$(grep -c '^not ok - ' "$log")
+    s=$(grep -c '^skip - ' "$log")
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
         f=1
         echo "not ok - $name exited with status $rc (see $log)" >>"$log"
+    elif [ $((p + f + s)) -eq 0 ]; then
+        f=1
+        echo "not ok - $name ran no checks: no ok, not ok or skip line (see $log)" >>"$log"
     fi
     local dt=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
-    pass=$((pass + p)); fail=$((fail + f))
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
     if [ "$f" -eq 0 ]; then
-        printf 'PASS %-32s %4d checks  %6ss\n' "$name" "$p" "$dt"
+        printf 'PASS %-32s %4d checks, %d skipped  %6ss\n' "$name" "$p" "$s" "$dt"
+        grep '^skip - ' "$log" | head -n 5 | sed 's/^/     /'
     else
-        printf 'FAIL %-32s %4d ok, %d failed  %6ss\n' "$name" "$p" "$f" "$dt"
+        printf 'FAIL %-32s %4d ok, %d failed, %d skipped  %6ss\n' "$name" "$p" "$f" "$s" "$dt"
         grep '^not ok - ' "$log" | head -n 20 | sed 's/^/     /'
         tail -n 15 "$log" | sed 's/^/     | /'
         failed_names+=("$name")
@@ -57,5 +65,5 @@ for s in tests/integration/*.sh tests/integration/*.py; do
 done
 
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
-echo "$pass passed, $fail failed"
+echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -1,10 +1,13 @@
 /* tests/test.h: the tiny test harness every tests/test_<module>.c uses.
  *
  * CHECK(cond, fmt, ...) records one check and prints "ok - ..." or
- * "not ok - ... (file:line)". tests/run.sh counts those lines across all
- * programs and prints the final "N passed, N failed". A program that exits
- * non-zero without printing "not ok" (a crash) counts as one failure.
- * TEST_MAIN_END returns non-zero if any check failed.
+ * "not ok - ... (file:line)". SKIP(what, fmt, ...) records checks that did
+ * not run and prints "skip - WHAT: skipped: REASON": never "ok", so a skip
+ * is not counted as a pass. tests/run.sh counts those lines across all
+ * programs and prints the final "N passed, N failed, N skipped". A program
+ * that exits non-zero without printing "not ok" (a crash) counts as one
+ * failure, and so does one that prints no ok, not ok or skip line at all.
+ * TEST_MAIN_END returns non-zero if any check failed or none was recorded.
  */
 #ifndef K3_TEST_H
 #define K3_TEST_H
@@ -14,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int t_pass, t_fail;
+static int t_pass, t_fail, t_skip;
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -29,6 +32,17 @@ static int t_pass, t_fail;
             printf(__VA_ARGS__);                                                                   \
             printf(" (%s:%d)\n", __FILE__, __LINE__);                                              \
         }                                                                                          \
+        fflush(stdout);                                                                            \
+    } while (0)
+
+/* `what` names the checks not run (a string), the format the reason:
+ * SKIP("tiny fixture checks", "%s does not exist", path). */
+#define SKIP(what, ...)                                                                            \
+    do {                                                                                           \
+        t_skip++;                                                                                  \
+        printf("skip - %s: skipped: ", what);                                                      \
+        printf(__VA_ARGS__);                                                                       \
+        printf("\n");                                                                              \
         fflush(stdout);                                                                            \
     } while (0)
 
@@ -51,7 +65,11 @@ static inline const char *t_tiny_dir(void) {
 
 #define TEST_MAIN_END()                                                                            \
     do {                                                                                           \
-        printf("# %d passed, %d failed\n", t_pass, t_fail);                                        \
+        if (t_pass + t_fail + t_skip == 0) {                                                       \
+            t_fail++;                                                                              \
+            printf("not ok - the program recorded no check (%s)\n", __FILE__);                     \
+        }                                                                                          \
+        printf("# %d passed, %d failed, %d skipped\n", t_pass, t_fail, t_skip);                    \
         return t_fail ? 1 : 0;                                                                     \
     } while (0)
 

@@ -393,7 +393,7 @@ static void test_tiny(void) {
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", t_tiny_dir());
     if (access(path, R_OK) != 0) {
-        printf("# skip tiny fixture checks: %s does not exist yet\n", path);
+        SKIP("tiny fixture checks", "%s does not exist (make tiny)", path);
         return;
     }
     k3_config c;

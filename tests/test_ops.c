@@ -652,12 +652,12 @@ int main(void) {
     if (det >= K3_ISA_AVX2)
         g_vec[g_nvec++] = &k3_ops_avx2;
     else
-        printf("# skip avx2: this CPU lacks AVX2/FMA (detected %s)\n", k3_isa_name(det));
+        SKIP("avx2 ops vs scalar", "this CPU lacks AVX2/FMA (detected %s)", k3_isa_name(det));
     if (det >= K3_ISA_AVX512)
         g_vec[g_nvec++] = &k3_ops_avx512;
     else
-        printf("# skip avx512: this CPU lacks AVX-512 F/BW/VL/DQ/VNNI (detected %s)\n",
-               k3_isa_name(det));
+        SKIP("avx512 ops vs scalar", "this CPU lacks AVX-512 F/BW/VL/DQ/VNNI (detected %s)",
+             k3_isa_name(det));
     printf("# detected %s; K3_ISA level in use at start: %s\n", k3_isa_name(det),
            k3_isa_name(k3_isa_active()));
     CHECK(k3_ops()->isa == k3_isa_active(), "dispatch follows the active ISA level (%s)",

@@ -958,12 +958,12 @@ static void test_bombs(void) {
           "bombs x200 through prescan + decode: peak RSS grew %ld kB (< 16 MB)", after - before);
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    printf("# skip: RLIMIT_AS child under a sanitizer (shadow memory needs terabytes of address "
-           "space)\n");
+    SKIP("RLIMIT_AS child decode",
+         "under a sanitizer (shadow memory needs terabytes of address space)");
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) ||                         \
     __has_feature(memory_sanitizer)
-    printf("# skip: RLIMIT_AS child under a sanitizer\n");
+    SKIP("RLIMIT_AS child decode", "under a sanitizer");
 #define SKIP_RLIMIT 1
 #endif
 #endif

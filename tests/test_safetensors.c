@@ -183,7 +183,7 @@ static void test_s1(void) {
  * claiming N = 90 MB (under K3_ST_MAX_HEADER, over the file). */
 static void test_s1_no_alloc(void) {
 #ifdef T_SANITIZED
-    printf("# skip S1 RLIMIT_AS check: sanitizers reserve large address ranges\n");
+    SKIP("S1 RLIMIT_AS check", "sanitizers reserve large address ranges");
 #else
     char dir[512], path[600];
     mkdir_in(dir, sizeof dir, "s1alloc");
@@ -896,7 +896,7 @@ static void test_tiny(void) {
     char p[512];
     snprintf(p, sizeof p, "%s/config.json", t_tiny_dir());
     if (access(p, R_OK) != 0) {
-        printf("# skip tiny fixture checks: %s does not exist yet\n", p);
+        SKIP("tiny fixture checks", "%s does not exist (make tiny)", p);
         return;
     }
     k3_status st;

@@ -8,7 +8,7 @@
 set -u
 . "$(dirname "$0")/../lib.sh"
 BIN=$BUILD/tests/test_safetensors
-need_strace
+need_strace "S7 index.json paths under strace"
 need_bins "$BIN"
 make_tmp k3strace
 mkdir -p "$T/model"

@@ -11,10 +11,14 @@
 #     an unknown key (fail closed: ZAP domain + option 93);
 #  plain tcp off loopback without --insecure is refused on both sides;
 #  C7 no secret key appears in any log.
-# Needs root for `ip netns`; prints a skip line otherwise. The namespaces are
+# Needs root for `ip netns`: prints "skip - ...: skipped: needs root"
+# otherwise, and a skip line with the reason when root cannot create or join
+# namespaces here (a container without CAP_SYS_ADMIN). The namespaces are
 # removed on exit, whatever happens.
 set -u
 . "$(dirname "$0")/../lib.sh"
+WHAT="C1-C7 CURVE cluster across network namespaces"
+need_root "$WHAT"
 # absolute paths: the programs run under `ip netns exec`
 C=$(readlink -f "$C" || echo "$C")
 W=$(readlink -f "$W" || echo "$W")
@@ -33,7 +37,7 @@ cleanup() {
 }
 trap cleanup EXIT
 if ! ip netns add "$NA" 2>"$T/ns.err"; then
-    echo "# skip: cannot create a network namespace ($(head -1 "$T/ns.err")); needs root"
+    skip "$WHAT" "cannot create a network namespace: $(head -1 "$T/ns.err")"
     exit 0
 fi
 ip netns add "$NB" && ip link add "$VA" type veth peer name "$VB" &&
@@ -42,7 +46,7 @@ ip netns add "$NB" && ip link add "$VA" type veth peer name "$VB" &&
     ip -n "$NA" link set "$VA" up && ip -n "$NB" link set "$VB" up &&
     ip -n "$NA" link set lo up && ip -n "$NB" link set lo up
 if [ $? -ne 0 ]; then
-    echo "# skip: cannot join the namespaces with a veth pair here"
+    skip "$WHAT" "cannot join the namespaces with a veth pair here"
     exit 0
 fi
 export K3_LOG=info

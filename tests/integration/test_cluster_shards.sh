@@ -8,7 +8,7 @@
 # checkpoint's index.json assigns to its layers.
 set -u
 . "$(dirname "$0")/../lib.sh"
-need_strace
+need_strace "per-process shard opens under strace"
 need_bins "$W" "$C"
 [ -f "$TINY/model.safetensors.index.json" ] || { echo "not ok - $TINY has no index.json"; exit 1; }
 make_tmp k3shards

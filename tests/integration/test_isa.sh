@@ -42,7 +42,7 @@ for lv in scalar avx2 avx512; do
         continue
     fi
     if grep -q "supports up to" "$T/probe.err"; then
-        echo "# skip $lv: $(grep -m1 'supports up to' "$T/probe.err" | sed 's/^.*K3_ISA/K3_ISA/')"
+        skip "K3_ISA=$lv runs" "$(grep -m1 'supports up to' "$T/probe.err" | sed 's/^.*K3_ISA/K3_ISA/')"
     else
         LEVELS+=("$lv")
     fi
@@ -86,7 +86,7 @@ done
 # a mixed-ISA cluster: layers [0, 4) at scalar, [4, 8) at the best level
 best=${LEVELS[${#LEVELS[@]}-1]}
 if [ "$best" = scalar ]; then
-    echo "# skip mixed-ISA cluster: this CPU runs only the scalar level"
+    skip "mixed-ISA cluster" "this CPU runs only the scalar level"
 else
     for mode in default exact dense; do
         flag=""

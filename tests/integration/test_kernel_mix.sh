@@ -11,7 +11,10 @@ set -u
 . "$(dirname "$0")/../lib.sh"
 OBJ=$BUILD/common/kernels/kernels_avx512.o
 [ -f "$OBJ" ] || { echo "not ok - $OBJ not built"; exit 1; }
-command -v objdump >/dev/null || { echo "ok - kernel_mix skipped: no objdump"; exit 0; }
+command -v objdump >/dev/null || {
+    skip "pipe_probe and kernel_mix --check" "no objdump (binutils)"
+    exit 0
+}
 make_tmp k3mix
 
 if make --no-print-directory -s BUILD="$BUILD" "$BUILD/bench/pipe_probe" >"$T/make.log" 2>&1; then
@@ -44,7 +47,7 @@ fi
 # The profile is of the optimized object: a sanitizer build (-O1, other
 # inlining) has other loops.
 if nm "$OBJ" 2>/dev/null | grep -qE '__(asan|ubsan|tsan)_'; then
-    ok "kernel_mix --check skipped: $OBJ is a sanitizer build, the profile reads the release one"
+    skip "kernel_mix --check" "$OBJ is a sanitizer build, the profile reads the release one"
 else
     /usr/bin/python3 tests/bench/kernel_mix.py --check "$OBJ" || fail=1
 fi

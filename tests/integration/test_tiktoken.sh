@@ -51,5 +51,5 @@ run_config "o200k_base ranks + o200k regex" "$W/o200k.model" o200k
 if [ -f "$TINY/tiktoken.model" ]; then
     run_config "tiny checkpoint vocab + Kimi regex" "$TINY/tiktoken.model" kimi
 else
-    echo "# skipping the tiny-checkpoint configuration: $TINY/tiktoken.model does not exist (make tiny)"
+    echo "skip - tiny checkpoint vocab + Kimi regex: skipped: $TINY/tiktoken.model does not exist (make tiny)"
 fi
