@@ -6,10 +6,17 @@
 # SKIP in tests/test.h or skip in tests/lib.sh) and prints the final
 # "N passed, N failed, N skipped". A program that exits non-zero without a
 # "not ok" line (a crash, a timeout) counts as one failure, and so does one
-# that prints none of the three lines (it checked nothing). TESTS=pattern
-# runs only matching programs.
+# that prints none of the three lines (it checked nothing). TESTS="pat ..."
+# runs only the programs whose name contains one of the patterns.
 set -u
 . "$(dirname "$0")/tsan_env.sh"
+
+selected() { # name: 0 when TESTS is empty or one of its words is in name
+    [ -z "${TESTS:-}" ] && return 0
+    local w
+    for w in $TESTS; do [[ "$1" == *"$w"* ]] && return 0; done
+    return 1
+}
 BUILD=${BUILD:-build}
 export BUILD TINY=${TINY:-$BUILD/fixtures/tiny}
 LOGS=$BUILD/test-logs
@@ -51,13 +58,13 @@ run_one() {  # name, command...
 for t in "$BUILD"/tests/test_*; do
     [ -x "$t" ] || continue
     n=$(basename "$t")
-    [ -n "${TESTS:-}" ] && [[ "$n" != *${TESTS}* ]] && continue
+    selected "$n" || continue
     run_one "$n" "$t"
 done
 for s in tests/integration/*.sh tests/integration/*.py; do
     [ -f "$s" ] || continue
     n=$(basename "$s")
-    [ -n "${TESTS:-}" ] && [[ "$n" != *${TESTS}* ]] && continue
+    selected "$n" || continue
     case "$s" in
         *.sh) run_one "$n" bash "$s" ;;
         *.py) run_one "$n" /usr/bin/python3 "$s" ;;
