@@ -901,6 +901,19 @@ static void *io_main(void *arg) {
 
 /* ---- open / close --------------------------------------------------- */
 
+void k3_cluster_opts_from_cli(k3_cluster_opts *co, const k3_cluster_cli *c) {
+    co->workers = (const char *const *)c->workers.items;
+    co->n_workers = c->workers.n;
+    co->local = c->workers.n ? 0 : c->local;
+    co->hb_ms = c->hb_ms;
+    co->step_timeout_ms = c->step_timeout_ms;
+    co->insecure = c->insecure;
+    co->curve_secret = c->curve_secret;
+    co->worker_keys = c->worker_keys;
+    co->worker_bin = c->worker_bin;
+    co->retry = c->retry;
+}
+
 void k3_cluster_opts_default(k3_cluster_opts *o) {
     memset(o, 0, sizeof *o);
     o->local = 2;

@@ -39,6 +39,7 @@
 
 #include "common/ckpt/config.h"
 #include "common/base/err.h"
+#include "common/base/opts.h"
 #include "common/engine/model.h"
 #include "coordinator/generate.h"
 #include "proto/link.h"
@@ -134,6 +135,50 @@ typedef struct k3_cluster_opts {
     const char *curve_secret; /* our key pair file (mode 0600) */
     const char *worker_keys;  /* lines "ENDPOINT|* Z85-public-key" */
 } k3_cluster_opts;
+
+/* The trunk as the command lines take it (k3-coordinator and its serve
+ * subcommand share these rows, so each has one default and one help text):
+ * local workers or remote endpoints, liveness, transport security, the
+ * local worker program and the back-offs. */
+typedef struct k3_cluster_cli {
+    int local;              /* local worker processes, 0 = the layers in-process */
+    k3_opt_list workers;    /* remote endpoints; replace --local */
+    int hb_ms;              /* heartbeat interval; TTL = 3 x */
+    int step_timeout_ms;    /* a worker without progress this long is stalled */
+    int insecure;           /* allow plain tcp off loopback */
+    char *curve_secret;     /* our CURVE key pair file */
+    char *worker_keys;      /* "ENDPOINT|* KEY" lines */
+    char *worker_bin;       /* NULL = k3-worker next to this program */
+    k3_cluster_retry retry; /* back-offs and resumes */
+} k3_cluster_cli;
+
+// clang-format off
+#define K3_CLUSTER_OPT_ROWS(T, f)                                                                  \
+    {.name = "local", .flag = "--local", .env = "K3_LOCAL", .type = K3_OPT_INT,                   \
+     .offset = offsetof(T, f.local), .def = "2", .min = 0, .max = 64, .metavar = "N",             \
+     .help = "local worker processes; 0 = run the layers in this process"},                       \
+    {.name = "workers", .flag = "--workers", .env = "K3_WORKERS", .type = K3_OPT_LIST,             \
+     .offset = offsetof(T, f.workers), .max = K3_MAX_WORKERS, .metavar = "EP1,EP2",               \
+     .help = "k3-worker endpoints (tcp://HOST:PORT, ipc://PATH); replaces --local"},              \
+    K3_LINK_OPT_HB_MS(T, f.hb_ms),                                                                \
+    {.name = "step_timeout_ms", .flag = "--step-timeout-ms", .env = "K3_STEP_TIMEOUT_MS",          \
+     .type = K3_OPT_INT, .offset = offsetof(T, f.step_timeout_ms),                                \
+     .def = K3_OPT_STR(K3_CLUSTER_STEP_TIMEOUT_MS), .min = 100, .max = 3600000, .metavar = "MS",  \
+     .help = "a worker with steps pending and no progress this long is stalled"},                 \
+    K3_LINK_OPT_INSECURE(T, f.insecure),                                                          \
+    K3_LINK_OPT_CURVE_SECRET(T, f.curve_secret),                                                  \
+    {.name = "worker_keys", .flag = "--worker-keys", .env = "K3_WORKER_KEYS",                      \
+     .type = K3_OPT_STRING, .offset = offsetof(T, f.worker_keys), .metavar = "FILE",              \
+     .help = "worker public keys, lines 'ENDPOINT KEY' or '* KEY'"},                              \
+    {.name = "worker_bin", .flag = "--worker-bin", .env = "K3_WORKER_BIN",                         \
+     .type = K3_OPT_STRING, .offset = offsetof(T, f.worker_bin), .metavar = "PATH",               \
+     .help = "k3-worker program for --local workers (default: next to this program)"},            \
+    K3_CLUSTER_OPT_RETRY_ROWS(T, f.retry)
+// clang-format on
+
+/* Copies the command line's trunk settings into co (the strings and the
+ * endpoint list stay borrowed from c). */
+void k3_cluster_opts_from_cli(k3_cluster_opts *co, const k3_cluster_cli *c);
 
 /* Defaults: local 2, hb K3_LINK_HB_MS_DEFAULT, step and ready timeouts and
  * retries K3_CLUSTER_*, request wait TTL, pipe_chunk 0. */

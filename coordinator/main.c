@@ -57,17 +57,9 @@ typedef struct coord_opts {
     int max_ctx;        /* 0 = prompt + ngen */
     int think;          /* chat mode: open the think channel */
     /* cluster (coordinator/cluster.h) */
-    k3_opt_list workers; /* remote worker endpoints; none = --local workers */
-    int hb_ms;           /* heartbeat interval; TTL = 3 x */
-    int step_timeout_ms; /* a worker without progress this long is stalled */
-    int pipe_chunk;      /* tokens per pipelined micro-chunk, 0 = auto */
-    int max_sessions;    /* session states each local worker holds */
-    int insecure;        /* allow plain tcp off loopback */
-    char *curve_secret;  /* our CURVE key pair file */
-    char *worker_keys;   /* "ENDPOINT|* KEY" lines */
-    /* local worker program, link back-offs, resumes (coordinator/cluster.h) */
-    char *worker_bin;       /* NULL = k3-worker next to this program */
-    k3_cluster_retry retry; /* K3_CLUSTER_OPT_RETRY_ROWS */
+    k3_cluster_cli cl; /* K3_CLUSTER_OPT_ROWS: --local, --workers, liveness, keys */
+    int pipe_chunk;    /* tokens per pipelined micro-chunk, 0 = auto */
+    int max_sessions;  /* session states each local worker holds */
     int help;
 } coord_opts;
 
@@ -80,16 +72,7 @@ typedef struct coord_opts {
 #define O(f) offsetof(coord_opts, f)
 static const k3_opt coord_table[] = {
     K3_ENGINE_OPT_MODEL(coord_opts, eng),
-    {.name = "local",
-     .flag = "--local",
-     .env = "K3_LOCAL",
-     .type = K3_OPT_INT,
-     .offset = O(local),
-     .def = "2",
-     .min = 0,
-     .max = 64,
-     .metavar = "N",
-     .help = "local worker processes; 0 = run the layers in this process"},
+    K3_CLUSTER_OPT_ROWS(coord_opts, cl),
     {.name = "ids",
      .flag = "--ids",
      .type = K3_OPT_STRING,
@@ -190,25 +173,6 @@ static const k3_opt coord_table[] = {
      .def = "1",
      .help = "chat mode: open the think channel (0 = response only)"},
     K3_ENGINE_OPT_ROWS(coord_opts, eng),
-    {.name = "workers",
-     .flag = "--workers",
-     .env = "K3_WORKERS",
-     .type = K3_OPT_LIST,
-     .offset = O(workers),
-     .max = K3_MAX_WORKERS,
-     .metavar = "EP1,EP2",
-     .help = "k3-worker endpoints (tcp://HOST:PORT, ipc://PATH); replaces --local"},
-    K3_LINK_OPT_HB_MS(coord_opts, hb_ms),
-    {.name = "step_timeout_ms",
-     .flag = "--step-timeout-ms",
-     .env = "K3_STEP_TIMEOUT_MS",
-     .type = K3_OPT_INT,
-     .offset = O(step_timeout_ms),
-     .def = K3_OPT_STR(K3_CLUSTER_STEP_TIMEOUT_MS),
-     .min = 100,
-     .max = 3600000,
-     .metavar = "MS",
-     .help = "a worker with steps pending and no progress this long is stalled"},
     {.name = "pipe_chunk",
      .flag = "--pipe-chunk",
      .env = "K3_PIPE_CHUNK",
@@ -228,23 +192,6 @@ static const k3_opt coord_table[] = {
      .max = K3_MAX_SESSIONS,
      .metavar = "N",
      .help = "session states each local worker holds, 0 = the worker's default"},
-    K3_LINK_OPT_INSECURE(coord_opts, insecure),
-    K3_LINK_OPT_CURVE_SECRET(coord_opts, curve_secret),
-    {.name = "worker_keys",
-     .flag = "--worker-keys",
-     .env = "K3_WORKER_KEYS",
-     .type = K3_OPT_STRING,
-     .offset = O(worker_keys),
-     .metavar = "FILE",
-     .help = "worker public keys, lines 'ENDPOINT KEY' or '* KEY'"},
-    {.name = "worker_bin",
-     .flag = "--worker-bin",
-     .env = "K3_WORKER_BIN",
-     .type = K3_OPT_STRING,
-     .offset = O(worker_bin),
-     .metavar = "PATH",
-     .help = "k3-worker program for --local workers (default: next to this program)"},
-    K3_CLUSTER_OPT_RETRY_ROWS(coord_opts, retry),
     {.name = "help",
      .flag = "--help",
      .short_flag = 'h',
@@ -531,20 +478,11 @@ static void engine_settings(const coord_opts *o, const k3_opt_src *src, k3_engin
     eo->bits_explicit = src[k3_opts_find(coord_table, N_COORD_OPTS, "bits")] != K3_OPT_SRC_DEFAULT;
     eo->usage_flag = src[k3_opts_find(coord_table, N_COORD_OPTS, "usage")] == K3_OPT_SRC_FLAG;
     k3_cluster_opts *co = &eo->cluster;
-    co->workers = (const char *const *)o->workers.items;
-    co->n_workers = o->workers.n;
-    co->local = o->local;
+    k3_cluster_opts_from_cli(co, &o->cl);
     co->max_sessions = o->max_sessions;
-    co->hb_ms = o->hb_ms;
-    co->step_timeout_ms = o->step_timeout_ms;
     co->pipe_chunk = o->pipe_chunk;
-    co->insecure = o->insecure;
-    co->curve_secret = o->curve_secret;
-    co->worker_keys = o->worker_keys;
-    co->worker_bin = o->worker_bin;
-    co->retry = o->retry;
-    eo->max_resumes = o->retry.resumes;
-    eo->resume_wait_ms = o->retry.resume_wait_ms;
+    eo->max_resumes = o->cl.retry.resumes;
+    eo->resume_wait_ms = o->cl.retry.resume_wait_ms;
     eo->want_trace = o->trace != NULL;
     eo->chunk = o->chunk;
     eo->progress = 1;

@@ -53,17 +53,14 @@ typedef struct serve_opts {
     k3_engine_opts eng; /* model, numerics, threads, expert cache */
     char *host;         /* listen address (numeric IPv4) */
     int port;
-    int local;           /* local worker processes, 0 = in-process */
-    k3_opt_list workers; /* remote endpoints; replaces --local */
-    char *api_key;       /* required Bearer token, NULL = open */
-    int max_queue;       /* generations admitted at once */
-    int ctx;             /* context of every session, tokens */
-    int max_tokens;      /* default max_tokens */
-    int chunk;           /* prefill chunk */
-    int drain_s;         /* shutdown: how long requests in flight may take */
-    char *model_id;      /* id in /v1/models, NULL = the model directory's name */
-    int hb_ms, step_timeout_ms, insecure;
-    char *curve_secret, *worker_keys;
+    k3_cluster_cli cl; /* K3_CLUSTER_OPT_ROWS: --local, --workers, liveness, keys */
+    char *api_key;     /* required Bearer token, NULL = open */
+    int max_queue;     /* generations admitted at once */
+    int ctx;           /* context of every session, tokens */
+    int max_tokens;    /* default max_tokens */
+    int chunk;         /* prefill chunk */
+    int drain_s;       /* shutdown: how long requests in flight may take */
+    char *model_id;    /* id in /v1/models, NULL = the model directory's name */
     int help;
 } serve_opts;
 
@@ -88,24 +85,6 @@ static const k3_opt serve_table[] = {
      .max = 65535,
      .metavar = "N",
      .help = "listen port"},
-    {.name = "local",
-     .flag = "--local",
-     .env = "K3_LOCAL",
-     .type = K3_OPT_INT,
-     .offset = O(local),
-     .def = "2",
-     .min = 0,
-     .max = 64,
-     .metavar = "N",
-     .help = "local worker processes; 0 = run the layers in this process"},
-    {.name = "workers",
-     .flag = "--workers",
-     .env = "K3_WORKERS",
-     .type = K3_OPT_LIST,
-     .offset = O(workers),
-     .max = K3_MAX_WORKERS,
-     .metavar = "EP1,EP2",
-     .help = "k3-worker endpoints (tcp://HOST:PORT, ipc://PATH); replaces --local"},
     {.name = "api_key",
      .flag = "--api-key",
      .env = "K3_API_KEY",
@@ -169,26 +148,7 @@ static const k3_opt serve_table[] = {
      .metavar = "ID",
      .help = "model id in /v1/models (default: the model directory's name)"},
     K3_ENGINE_OPT_ROWS(serve_opts, eng),
-    K3_LINK_OPT_HB_MS(serve_opts, hb_ms),
-    {.name = "step_timeout_ms",
-     .flag = "--step-timeout-ms",
-     .env = "K3_STEP_TIMEOUT_MS",
-     .type = K3_OPT_INT,
-     .offset = O(step_timeout_ms),
-     .def = "30000",
-     .min = 100,
-     .max = 3600000,
-     .metavar = "MS",
-     .help = "a worker with steps pending and no progress this long is stalled"},
-    K3_LINK_OPT_INSECURE(serve_opts, insecure),
-    K3_LINK_OPT_CURVE_SECRET(serve_opts, curve_secret),
-    {.name = "worker_keys",
-     .flag = "--worker-keys",
-     .env = "K3_WORKER_KEYS",
-     .type = K3_OPT_STRING,
-     .offset = O(worker_keys),
-     .metavar = "FILE",
-     .help = "worker public keys, lines 'ENDPOINT KEY' or '* KEY'"},
+    K3_CLUSTER_OPT_ROWS(serve_opts, cl),
     {.name = "help",
      .flag = "--help",
      .short_flag = 'h',
@@ -615,14 +575,9 @@ static void engine_settings(const serve_opts *o, const k3_opt_src *src, k3_engin
     eo->bits_explicit = src[k3_opts_find(serve_table, N_SERVE_OPTS, "bits")] != K3_OPT_SRC_DEFAULT;
     eo->usage_flag = src[k3_opts_find(serve_table, N_SERVE_OPTS, "usage")] == K3_OPT_SRC_FLAG;
     k3_cluster_opts *co = &eo->cluster;
-    co->workers = (const char *const *)o->workers.items;
-    co->n_workers = o->workers.n;
-    co->local = o->workers.n ? 0 : o->local;
-    co->hb_ms = o->hb_ms;
-    co->step_timeout_ms = o->step_timeout_ms;
-    co->insecure = o->insecure;
-    co->curve_secret = o->curve_secret;
-    co->worker_keys = o->worker_keys;
+    k3_cluster_opts_from_cli(co, &o->cl);
+    eo->max_resumes = o->cl.retry.resumes;
+    eo->resume_wait_ms = o->cl.retry.resume_wait_ms;
     eo->chunk = o->chunk;
     eo->progress = 0; /* no stderr line per prefill chunk of every request */
     eo->n_sessions = o->max_queue;
