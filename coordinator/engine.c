@@ -320,6 +320,41 @@ k3_status k3_engine_generate(k3_engine *e, const k3_engine_req *req, k3_engine_r
 
 /* ---- statistics ----------------------------------------------------------- */
 
+int k3_engine_session_reuse(k3_engine *e, uint64_t id, const int32_t *prompt, int n, int max_ctx,
+                            uint64_t *last_use) {
+    int reuse = 0;
+    uint64_t lu = 0;
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_slots; i++) {
+        eng_slot *s = &e->slots[i];
+        if (!s->sess || s->busy || s->id != id) continue; /* an idle session is only read here */
+        lu = s->last_use;
+        int len = k3_session_len(s->sess);
+        if (k3_session_max_ctx(s->sess) == max_ctx && len <= n &&
+            !memcmp(k3_session_ids(s->sess), prompt, (size_t)len * sizeof *prompt))
+            reuse = len;
+        break;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (last_use) *last_use = lu;
+    return reuse;
+}
+
+void k3_engine_sessions(k3_engine *e, int *live, int *busy) {
+    int l = 0, b = 0;
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_slots; i++) {
+        l += e->slots[i].busy || e->slots[i].sess;
+        b += e->slots[i].busy;
+    }
+    pthread_mutex_unlock(&e->mu);
+    *live = l;
+    *busy = b;
+}
+
+k3_cluster *k3_engine_cluster(k3_engine *e) { return e->cluster; }
+k3_model *k3_engine_model(k3_engine *e) { return e->model; }
+
 /* Peak resident set in MiB from /proc/self/status (VmHWM), or -1. */
 static double peak_rss_mib(void) {
     FILE *f = fopen("/proc/self/status", "r");

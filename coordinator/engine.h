@@ -128,6 +128,22 @@ typedef struct k3_engine_result {
 k3_status k3_engine_generate(k3_engine *e, const k3_engine_req *req, k3_engine_result *res,
                              char *err, size_t errlen);
 
+/* How many leading ids of prompt[0, n) a request on session id with
+ * capacity max_ctx would reuse: the session's committed ids when they are
+ * a prefix of prompt, else 0 (also when the session is not held, is
+ * running or has another capacity). *last_use (may be NULL) gets its
+ * least-recently-used clock, 0 when not held. For a server that picks the
+ * session with the longest reusable prefix. */
+int k3_engine_session_reuse(k3_engine *e, uint64_t id, const int32_t *prompt, int n, int max_ctx,
+                            uint64_t *last_use);
+/* Sessions held now (*live, idle or running) and running (*busy). */
+void k3_engine_sessions(k3_engine *e, int *live, int *busy);
+/* The cluster of the trunk, or NULL in-process (introspection: stages,
+ * per-stage statistics). */
+k3_cluster *k3_engine_cluster(k3_engine *e);
+/* The model (in-process: every layer and its expert store). */
+k3_model *k3_engine_model(k3_engine *e);
+
 /* The --stats lines for res (step statistics, the in-process expert store,
  * memory, per-stage cluster lines) on f. */
 void k3_engine_print_stats(k3_engine *e, const k3_engine_result *res, FILE *f);
