@@ -55,15 +55,17 @@ typedef struct serve_opts {
     k3_engine_opts eng; /* model, numerics, threads, expert cache */
     char *host;         /* listen address (numeric IPv4) */
     int port;
-    k3_cluster_cli cl; /* K3_CLUSTER_OPT_ROWS: --local, --workers, liveness, keys */
-    char *api_key;     /* required Bearer token, NULL = open */
-    int max_queue;     /* generations admitted at once */
-    int max_sessions;  /* sessions kept for prefix reuse (>= max_queue) */
-    int ctx;           /* context of every session, tokens */
-    int max_tokens;    /* default max_tokens */
-    int chunk;         /* prefill chunk */
-    int drain_s;       /* shutdown: how long requests in flight may take */
-    char *model_id;    /* id in /v1/models, NULL = the model directory's name */
+    k3_cluster_cli cl;  /* K3_CLUSTER_OPT_ROWS: --local, --workers, liveness, keys */
+    char *api_key;      /* required Bearer token, NULL = open */
+    int max_queue;      /* generations admitted at once */
+    int max_sessions;   /* sessions kept for prefix reuse (>= max_queue) */
+    int ctx;            /* context of every session, tokens */
+    int max_tokens;     /* default max_tokens */
+    int chunk;          /* prefill chunk */
+    int drain_s;        /* shutdown: how long requests in flight may take */
+    int conn_timeout_s; /* idle connection timeout; also the deadline of a request body */
+    int max_conns;      /* connections at once (a thread each) */
+    char *model_id;     /* id in /v1/models, NULL = the model directory's name */
     int help;
 } serve_opts;
 
@@ -155,6 +157,27 @@ static const k3_opt serve_table[] = {
      .max = 3600,
      .metavar = "S",
      .help = "at shutdown, how long requests in flight may still take"},
+    {.name = "conn_timeout_s",
+     .flag = "--conn-timeout-s",
+     .env = "K3_CONN_TIMEOUT_S",
+     .type = K3_OPT_INT,
+     .offset = O(conn_timeout_s),
+     .def = "30",
+     .min = 1,
+     .max = 3600,
+     .metavar = "S",
+     .help = "a connection silent this long is closed, and so is one whose request body does "
+             "not arrive within it: slow clients cannot hold a thread"},
+    {.name = "max_conns",
+     .flag = "--max-conns",
+     .env = "K3_MAX_CONNS",
+     .type = K3_OPT_INT,
+     .offset = O(max_conns),
+     .def = "512",
+     .min = 1,
+     .max = K3_SERVE_MAX_CONNS,
+     .metavar = "N",
+     .help = "connections served at once (a thread each); more are closed at accept"},
     {.name = "model_id",
      .flag = "--model-id",
      .type = K3_OPT_STRING,
@@ -188,6 +211,7 @@ typedef struct server {
     const k3_engine_opts *eng_opts; /* directories for /health */
     serve_limits lim;
     const char *api_key; /* NULL = open */
+    int body_timeout_ms; /* --conn-timeout-s: a body must arrive within it */
     pthread_mutex_t mu;  /* guards the counts, the id pool and the job list */
     pthread_cond_t cv;   /* signalled when a count drops */
     int running;         /* generations admitted and not yet ended */
@@ -211,6 +235,7 @@ typedef struct conn {
     int answered;              /* a refusal was queued at the headers */
     serve_job *job;            /* the running generation, a reference */
     int idle_ticks;            /* 250 ms reader rounds without an SSE write */
+    double t0_ms;              /* the headers arrived (the body deadline counts from here) */
 } conn;
 
 enum {
@@ -576,6 +601,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         k = k3_xcalloc(1, sizeof *k);
         k->srv = s;
         k->mc = c;
+        k->t0_ms = k3_now_ms();
         *con_cls = k;
         pthread_mutex_lock(&s->mu);
         s->in_flight++;
@@ -586,6 +612,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (k->answered) { /* refused at the headers: the body is dropped */
         *upload_size = 0;
         return MHD_YES;
+    }
+    if (*upload_size && k3_now_ms() - k->t0_ms > s->body_timeout_ms) {
+        /* a body trickled in slower than the deadline: close the connection
+         * (libmicrohttpd would hold a queued answer until the whole body
+         * came, which is what the client is slow at) */
+        K3_WARN("serve: a request body took over %d s (--conn-timeout-s): connection closed",
+                s->body_timeout_ms / 1000);
+        return MHD_NO;
     }
     if (*upload_size) {
         if (k->body.n + *upload_size > K3_SERVE_MAX_BODY)
@@ -747,6 +781,7 @@ int cmd_serve(int argc, char **argv) {
     s.lim = (serve_limits){.ctx = o.ctx, .max_tokens = o.max_tokens, .model_id = model_id};
     s.eng_opts = &o.eng;
     s.api_key = o.api_key;
+    s.body_timeout_ms = o.conn_timeout_s * 1000;
     s.max_running = o.max_queue;
     s.n_ids = o.max_sessions;
     s.id_free = k3_xmalloc((size_t)s.n_ids * sizeof *s.id_free);
@@ -775,7 +810,8 @@ int cmd_serve(int argc, char **argv) {
                              MHD_USE_ITC | MHD_USE_ERROR_LOG,
                          (uint16_t)o.port, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR, &sin,
                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.conn_timeout_s,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_conns, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "k3-coordinator serve: cannot listen on %s:%d: %s\n", o.host, o.port,
                 strerror(errno));

@@ -57,12 +57,12 @@ json_t *serve_workers_json(k3_engine *e, const k3_engine_opts *eng, const serve_
         *gb_read = (double)m->inproc_bytes_read / 1e9;
         int a = 0, b = 0;
         k3_model_range(k3_engine_model(e), &a, &b);
-        json_array_append_new(
-            ws, json_pack("{s:i,s:s,s:[i,i],s:o,s:i,s:b,s:f,s:f,s:f}", "index", 0, "endpoint",
-                          "in-process", "layers", a, b - 1, "dirs", dirs_json(eng), "numa", -1,
-                          "alive", 1, "busy_s", m->inproc_busy_s, "hit_rate",
-                          hit_rate(m->inproc_hits, m->inproc_misses), "gb_read",
-                          (double)m->inproc_bytes_read / 1e9));
+        json_array_append_new(ws, json_pack("{s:i,s:s,s:[i,i],s:o,s:i,s:b,s:f,s:f,s:f}", "index", 0,
+                                            "endpoint", "in-process", "layers", a, b - 1, "dirs",
+                                            dirs_json(eng), "numa", -1, "alive", 1, "busy_s",
+                                            m->inproc_busy_s, "hit_rate",
+                                            hit_rate(m->inproc_hits, m->inproc_misses), "gb_read",
+                                            (double)m->inproc_bytes_read / 1e9));
         return ws;
     }
     uint64_t hits = 0, misses = 0, bytes = 0;
@@ -95,8 +95,7 @@ json_t *serve_workers_json(k3_engine *e, const k3_engine_opts *eng, const serve_
 }
 
 /* One metric: HELP and TYPE lines, then the sample. */
-static void metric(k3_strbuf *b, const char *name, const char *type, const char *help,
-                   double v) {
+static void metric(k3_strbuf *b, const char *name, const char *type, const char *help, double v) {
     char line[512];
     snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type,
              name, v);
@@ -143,8 +142,9 @@ char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int 
     k3_engine_sessions(e, &live, &busy);
     metric(&b, "k3_sessions", "gauge", "sessions held (idle or running)", (double)live);
 
-    k3_strbuf_str(&b, "# HELP k3_stage_busy_seconds_total compute time of a stage (worker-measured)\n"
-                      "# TYPE k3_stage_busy_seconds_total counter\n");
+    k3_strbuf_str(&b,
+                  "# HELP k3_stage_busy_seconds_total compute time of a stage (worker-measured)\n"
+                  "# TYPE k3_stage_busy_seconds_total counter\n");
     k3_strbuf xb = {0}; /* the expert bytes family, appended after */
     k3_strbuf_str(&xb, "# HELP k3_expert_bytes_read_total expert bytes read from the drives\n"
                        "# TYPE k3_expert_bytes_read_total counter\n");
@@ -165,8 +165,9 @@ char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int 
         } else {
             k3_model_range(k3_engine_model(e), &a, &bl);
         }
-        snprintf(line, sizeof line, "k3_stage_busy_seconds_total{stage=\"%d\",layers=\"%d-%d\"} %.17g\n",
-                 i, a, bl - 1, busy_s);
+        snprintf(line, sizeof line,
+                 "k3_stage_busy_seconds_total{stage=\"%d\",layers=\"%d-%d\"} %.17g\n", i, a, bl - 1,
+                 busy_s);
         k3_strbuf_str(&b, line);
         snprintf(line, sizeof line,
                  "k3_expert_bytes_read_total{stage=\"%d\",layers=\"%d-%d\"} %llu\n", i, a, bl - 1,

@@ -21,20 +21,20 @@
 #include "coordinator/serve_api.h"
 
 typedef struct serve_metrics {
-    uint64_t http_requests;      /* every HTTP request answered */
-    uint64_t generations;        /* generations that ran (ended, for any reason) */
-    uint64_t rejected_queue;     /* 429: --max-queue full */
-    uint64_t cancelled, failed;  /* the client went away; the engine failed */
-    uint64_t prompt_tokens;      /* prompt tokens of every generation */
-    uint64_t cached_tokens;      /* of which reused from a session (no prefill) */
-    uint64_t prefill_tokens;     /* tokens prefilled */
-    uint64_t completion_tokens;  /* tokens generated */
-    uint64_t decode_steps;       /* decode forward steps */
-    double prefill_s, decode_s;  /* wall time of prefills, of decode steps */
-    double ttft_s;               /* time to first token, summed over ttft_n */
+    uint64_t http_requests;     /* every HTTP request answered */
+    uint64_t generations;       /* generations that ran (ended, for any reason) */
+    uint64_t rejected_queue;    /* 429: --max-queue full */
+    uint64_t cancelled, failed; /* the client went away; the engine failed */
+    uint64_t prompt_tokens;     /* prompt tokens of every generation */
+    uint64_t cached_tokens;     /* of which reused from a session (no prefill) */
+    uint64_t prefill_tokens;    /* tokens prefilled */
+    uint64_t completion_tokens; /* tokens generated */
+    uint64_t decode_steps;      /* decode forward steps */
+    double prefill_s, decode_s; /* wall time of prefills, of decode steps */
+    double ttft_s;              /* time to first token, summed over ttft_n */
     uint64_t ttft_n;
-    double inproc_busy_s;        /* in-process trunk: compute time of every step */
-    uint64_t inproc_bytes_read;  /* in-process: expert bytes read */
+    double inproc_busy_s;       /* in-process trunk: compute time of every step */
+    uint64_t inproc_bytes_read; /* in-process: expert bytes read */
     uint64_t inproc_hits, inproc_misses;
 } serve_metrics;
 
