@@ -38,6 +38,7 @@ struct k3_engine {
     int chunk, progress;   /* session settings */
     int max_resumes;       /* k3_cluster_generate's replays */
     int resume_wait_ms;    /* ... and how long each waits */
+    int ckpt;              /* turn checkpoints per session */
     pthread_mutex_t mu;    /* guards slots and clock */
     eng_slot *slots;       /* [n_slots], owned */
     int n_slots;
@@ -135,6 +136,7 @@ k3_status k3_engine_open(k3_engine **out, const k3_engine_open_opts *o, char *er
     e->progress = o->progress;
     e->max_resumes = o->max_resumes;
     e->resume_wait_ms = o->resume_wait_ms;
+    e->ckpt = o->ckpt;
     e->n_slots = o->n_sessions;
     e->slots = k3_xcalloc((size_t)e->n_slots, sizeof *e->slots);
     pthread_mutex_init(&e->mu, NULL);
@@ -145,6 +147,10 @@ k3_status k3_engine_open(k3_engine **out, const k3_engine_open_opts *o, char *er
         k3_engine_close(&e);
         return st;
     }
+    if (e->ckpt > 0 && e->cluster)
+        K3_WARN("turn checkpoints (--ckpt %d) are in-process only for now (--local 0): workers "
+                "keep none, an edited turn replays the conversation",
+                e->ckpt);
     *out = e;
     return K3_OK;
 }
@@ -307,7 +313,8 @@ k3_status k3_engine_generate(k3_engine *e, const k3_engine_req *req, k3_engine_r
     k3_session *sess = NULL, *old = NULL;
     if ((st = slot_take(e, req->session_id, max_ctx, &slot, &sess, &old, err, errlen))) return st;
     k3_session_close(&old);
-    k3_session_opts so = {.max_ctx = max_ctx, .chunk = e->chunk, .progress = e->progress};
+    k3_session_opts so = {
+        .max_ctx = max_ctx, .chunk = e->chunk, .progress = e->progress, .ckpt = e->ckpt};
     if (!sess) st = k3_session_open(&sess, e->model, e->trunk, &so, err, errlen);
     if (!st) {
         st = run_session(e, sess, req, &res->gen, err, errlen);

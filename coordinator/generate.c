@@ -61,6 +61,27 @@ static size_t inproc_state_bytes(k3_trunk *t, void *state) {
     return k3_state_bytes(state);
 }
 
+static k3_status inproc_ckpt_save(k3_trunk *t, void *state, void **ck, char *err, size_t errlen) {
+    (void)t;
+    k3_state_ckpt *c = NULL;
+    k3_status st = k3_state_save(state, &c, err, errlen);
+    *ck = c;
+    return st;
+}
+
+static k3_status inproc_ckpt_restore(k3_trunk *t, void *state, const void *ck, char *err,
+                                     size_t errlen) {
+    (void)t;
+    return k3_state_restore(state, ck, err, errlen);
+}
+
+static void inproc_ckpt_free(k3_trunk *t, void **ck) {
+    (void)t;
+    k3_state_ckpt *c = *ck;
+    k3_state_ckpt_free(&c);
+    *ck = NULL;
+}
+
 static void inproc_close(k3_trunk *t) {
     free(t->impl);
     t->impl = NULL;
@@ -73,6 +94,9 @@ static const k3_trunk_ops inproc_ops = {
     .state_reset = inproc_state_reset,
     .forward = inproc_forward,
     .state_bytes = inproc_state_bytes,
+    .ckpt_save = inproc_ckpt_save,
+    .ckpt_restore = inproc_ckpt_restore,
+    .ckpt_free = inproc_ckpt_free,
     .close = inproc_close,
 };
 
@@ -120,7 +144,20 @@ struct k3_session {
     int logits_valid;    /* logits belong to the current n_ids */
     float *tf_logits;    /* [chunk][vocab] teacher-forced rows, owned, lazy */
     k3_step_stats stats; /* summed since open */
+    int n_reused;        /* ids kept by the last feed (prefix or checkpoint) */
+    int max_ckpt;        /* turn checkpoints kept, 0 = none */
+    int n_ckpt;          /* held, oldest first; positions ascending */
+    void *ckpt[K3_MAX_CKPT];
+    int ckpt_pos[K3_MAX_CKPT];
 };
+
+/* Drops the checkpoints at positions > pos (all: pos < 0). */
+static void ckpt_drop_after(k3_session *s, int pos) {
+    while (s->n_ckpt > 0 && (pos < 0 || s->ckpt_pos[s->n_ckpt - 1] > pos)) {
+        s->n_ckpt--;
+        s->trunk->ops->ckpt_free(s->trunk, &s->ckpt[s->n_ckpt]);
+    }
+}
 
 /* malloc for buffers whose size derives from the config (a file): failure
  * is an error return, not an abort. */
@@ -152,6 +189,8 @@ k3_status k3_session_open(k3_session **out, k3_model *m, k3_trunk *trunk, const 
     s->chunk = o->chunk < o->max_ctx ? o->chunk : o->max_ctx;
     s->progress = o->progress;
     s->has_head = cfg->n_layers == cfg->n_layers_full;
+    s->max_ckpt =
+        trunk->ops->ckpt_save && o->ckpt > 0 ? (o->ckpt < K3_MAX_CKPT ? o->ckpt : K3_MAX_CKPT) : 0;
 
     size_t D = (size_t)s->D, C = (size_t)s->chunk;
     k3_status st;
@@ -173,6 +212,7 @@ k3_status k3_session_open(k3_session **out, k3_model *m, k3_trunk *trunk, const 
 void k3_session_close(k3_session **sp) {
     if (!sp || !*sp) return;
     k3_session *s = *sp;
+    ckpt_drop_after(s, -1);
     if (s->state) s->trunk->ops->state_close(s->trunk, &s->state);
     free(s->ids);
     free(s->blocks);
@@ -184,6 +224,7 @@ void k3_session_close(k3_session **sp) {
 }
 
 void k3_session_reset(k3_session *s) {
+    ckpt_drop_after(s, -1); /* the MLA rows they rely on will be overwritten */
     s->trunk->ops->state_reset(s->trunk, s->state);
     s->n_ids = 0;
     s->logits_valid = 0;
@@ -347,7 +388,27 @@ k3_status k3_session_feed(k3_session *s, const int32_t *ids, int n, const k3_fee
     /* prefix reuse: keep the state when ids starts with every committed id.
      * The state cannot rewind, so a shorter or diverging prompt resets. */
     int keep = s->n_ids <= n && !memcmp(s->ids, ids, (size_t)s->n_ids * sizeof(int32_t));
+    if (!keep && s->n_ckpt > 0) { /* the deepest checkpoint within the common prefix */
+        int lcp = 0, lim = s->n_ids < n ? s->n_ids : n;
+        while (lcp < lim && s->ids[lcp] == ids[lcp]) lcp++;
+        int c = s->n_ckpt - 1;
+        while (c >= 0 && (s->ckpt_pos[c] > lcp || s->ckpt_pos[c] >= n)) c--;
+        if (c >= 0) {
+            char rerr[256];
+            if (s->trunk->ops->ckpt_restore(s->trunk, s->state, s->ckpt[c], rerr, sizeof rerr) ==
+                K3_OK) {
+                s->n_ids = s->ckpt_pos[c];
+                s->logits_valid = 0;
+                ckpt_drop_after(s, s->n_ids); /* rows past it will be overwritten */
+                keep = 1;
+            } else {
+                K3_WARN("session: checkpoint at %d not restored (%s): replaying", s->ckpt_pos[c],
+                        rerr);
+            }
+        }
+    }
     if (!keep) k3_session_reset(s);
+    s->n_reused = s->n_ids;
     int tail = n - s->n_ids;
     if (tail == 0 && s->has_head && !s->logits_valid) {
         /* committed but no logits kept (cannot happen today): recompute */
@@ -363,6 +424,31 @@ k3_status k3_session_feed(k3_session *s, const int32_t *ids, int n, const k3_fee
     if (n_fed) *n_fed = tail;
     if (logits) *logits = s->logits_valid ? s->logits : NULL;
     return K3_OK;
+}
+
+k3_status k3_session_checkpoint(k3_session *s, char *err, size_t errlen) {
+    if (s->max_ckpt == 0 || s->n_ids == 0) return K3_OK;
+    if (s->n_ckpt > 0 && s->ckpt_pos[s->n_ckpt - 1] == s->n_ids) return K3_OK; /* have it */
+    void *ck = NULL;
+    k3_status st = s->trunk->ops->ckpt_save(s->trunk, s->state, &ck, err, errlen);
+    if (st) return st;
+    if (s->n_ckpt == s->max_ckpt) { /* drop the oldest */
+        s->trunk->ops->ckpt_free(s->trunk, &s->ckpt[0]);
+        memmove(s->ckpt, s->ckpt + 1, (size_t)(s->n_ckpt - 1) * sizeof s->ckpt[0]);
+        memmove(s->ckpt_pos, s->ckpt_pos + 1, (size_t)(s->n_ckpt - 1) * sizeof s->ckpt_pos[0]);
+        s->n_ckpt--;
+    }
+    s->ckpt[s->n_ckpt] = ck;
+    s->ckpt_pos[s->n_ckpt++] = s->n_ids;
+    return K3_OK;
+}
+
+int k3_session_n_ckpt(const k3_session *s, size_t *bytes) {
+    if (bytes) {
+        *bytes = 0;
+        for (int i = 0; i < s->n_ckpt; i++) *bytes += k3_state_ckpt_bytes(s->ckpt[i]);
+    }
+    return s->n_ckpt;
 }
 
 /* ---- generation ---------------------------------------------------------- */
@@ -391,11 +477,15 @@ k3_status k3_generate(k3_session *s, const int32_t *prompt, int n, const k3_gen_
 
     const float *logits = NULL;
     double t0 = k3_now_ms();
-    /* the prefix the feed keeps: every committed id when prompt extends them */
-    r->n_reused =
-        s->n_ids <= n && !memcmp(s->ids, prompt, (size_t)s->n_ids * sizeof(int32_t)) ? s->n_ids : 0;
+    s->n_reused = 0;
     k3_status st = k3_session_feed(s, prompt, n, &hooks, &logits, &r->n_prefilled, err, errlen);
     r->prefill_ms = k3_now_ms() - t0;
+    r->n_reused = s->n_reused; /* the prefix or checkpoint the feed kept */
+    if (!st && s->max_ckpt > 0) {
+        char cerr[256];
+        if (k3_session_checkpoint(s, cerr, sizeof cerr))
+            K3_WARN("session: no checkpoint at the turn boundary %d: %s", s->n_ids, cerr);
+    }
     if (st) return st;
 
     double t1 = k3_now_ms();

@@ -53,6 +53,11 @@ typedef struct k3_trunk_ops {
                          char *err, size_t errlen);
     /* Bytes of the state held in this process (0 when it lives elsewhere). */
     size_t (*state_bytes)(k3_trunk *t, void *state);
+    /* Turn checkpoints (stage.h k3_state_ckpt); NULL = not supported (the
+     * cluster: its workers would need CHECKPOINT/RESTORE messages). */
+    k3_status (*ckpt_save)(k3_trunk *t, void *state, void **ck, char *err, size_t errlen);
+    k3_status (*ckpt_restore)(k3_trunk *t, void *state, const void *ck, char *err, size_t errlen);
+    void (*ckpt_free)(k3_trunk *t, void **ck);
     void (*close)(k3_trunk *t); /* frees impl, not t */
 } k3_trunk_ops;
 
@@ -74,6 +79,8 @@ typedef struct k3_session_opts {
     int max_ctx;  /* capacity in tokens, 1..K3_MAX_CTX */
     int chunk;    /* prefill chunk, 1..K3_MAX_CHUNK */
     int progress; /* one stderr line per prefill chunk */
+    int ckpt;     /* turn checkpoints kept, 0..K3_MAX_CKPT (0 = none; ignored when the trunk
+                     has no checkpoints) */
 } k3_session_opts;
 
 /* Per-chunk hooks of a feed; every field may be NULL. */
@@ -110,15 +117,22 @@ size_t k3_session_state_bytes(const k3_session *s);
 int k3_session_has_head(const k3_session *s);
 
 /* Brings the session to exactly ids[0, n): when ids extends the committed
- * ids only the tail is prefilled, otherwise the session resets and
- * prefills everything. *logits (if not NULL) receives the logits [vocab] of
- * the last position, valid until the next call on the session; *n_fed the
- * number of tokens actually prefilled (also when cancelled part way).
- * Errors: n < 1, n > max_ctx, an id outside the vocabulary, non-finite
- * logits, a trunk failure (the session is then reset), K3_ERR_CANCEL
- * (hooks->cancel: the session keeps the chunks committed before it). */
+ * ids only the tail is prefilled; otherwise the deepest turn checkpoint
+ * whose position is within the common prefix (and before n) is restored
+ * and the rest prefilled, else the session resets and prefills everything. *logits (if not NULL)
+ * receives the logits [vocab] of the last position, valid until the next call on the session;
+ * *n_fed the number of tokens actually prefilled (also when cancelled part way). Errors: n < 1, n >
+ * max_ctx, an id outside the vocabulary, non-finite logits, a trunk failure (the session is then
+ * reset), K3_ERR_CANCEL (hooks->cancel: the session keeps the chunks committed before it). */
 k3_status k3_session_feed(k3_session *s, const int32_t *ids, int n, const k3_feed_hooks *hooks,
                           const float **logits, int *n_fed, char *err, size_t errlen);
+
+/* Takes a turn checkpoint at the current position (k3_generate does after
+ * every prompt when the session keeps checkpoints); the oldest is dropped
+ * beyond opts.ckpt. No-op without checkpoints. */
+k3_status k3_session_checkpoint(k3_session *s, char *err, size_t errlen);
+/* Checkpoints held and their bytes (0 without). */
+int k3_session_n_ckpt(const k3_session *s, size_t *bytes);
 
 /* Appends ids[0, n) to the committed ids (decode: n = 1). */
 k3_status k3_session_append(k3_session *s, const int32_t *ids, int n, const k3_feed_hooks *hooks,

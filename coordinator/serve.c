@@ -59,6 +59,7 @@ typedef struct serve_opts {
     char *api_key;      /* required Bearer token, NULL = open */
     int max_queue;      /* generations admitted at once */
     int max_sessions;   /* sessions kept for prefix reuse (>= max_queue) */
+    int ckpt;           /* turn checkpoints per session */
     int ctx;            /* context of every session, tokens */
     int max_tokens;     /* default max_tokens */
     int chunk;          /* prefill chunk */
@@ -118,6 +119,17 @@ static const k3_opt serve_table[] = {
      .metavar = "N",
      .help = "conversations kept for prefix reuse (>= --max-queue); a request takes the idle one "
              "whose ids are the longest prefix of its prompt, else the least recently used"},
+    {.name = "ckpt",
+     .flag = "--ckpt",
+     .env = "K3_CKPT",
+     .type = K3_OPT_INT,
+     .offset = O(ckpt),
+     .def = "0",
+     .min = 0,
+     .max = K3_MAX_CKPT,
+     .metavar = "N",
+     .help = "turn checkpoints kept per session (KDA states at each prompt's end): an edited "
+             "earlier turn restores the deepest one instead of replaying (in-process only)"},
     {.name = "ctx",
      .flag = "--ctx",
      .env = "K3_MAXT",
@@ -701,6 +713,7 @@ static void engine_settings(const serve_opts *o, const k3_opt_src *src, k3_engin
     eo->chunk = o->chunk;
     eo->progress = 0; /* no stderr line per prefill chunk of every request */
     eo->n_sessions = o->max_sessions;
+    eo->ckpt = o->ckpt;
     eo->cluster.max_sessions = o->max_sessions; /* local workers keep as many states */
 }
 

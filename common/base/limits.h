@@ -35,7 +35,10 @@
 #define K3_MAX_INDEX_BYTES (256u << 20) /* index.json; K3's is ~50 MB */
 
 /* ---- runtime ---- */
-#define K3_MAX_CHUNK        512       /* docs/MODEL.md 5.2: K3_CHUNK 1..512 */
+#define K3_MAX_CHUNK 512 /* docs/MODEL.md 5.2: K3_CHUNK 1..512 */
+#define K3_MAX_CKPT                                                                                \
+    64                                /* turn checkpoints per session: each holds every KDA        \
+                                         state (~100 MB at K3 size), 64 is far past useful */
 #define K3_MAX_CTX          (1 << 20) /* tokens per session: 1M (MLA cache 55 KB/token) */
 #define K3_MAX_THREADS      256       /* per process */
 #define K3_MAX_SESSIONS     4096      /* per worker state table */

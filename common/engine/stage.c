@@ -97,6 +97,77 @@ size_t k3_state_bytes(const k3_state *s) {
 
 void k3_stage_set_cancel(k3_state *s, volatile int *cancel) { s->cancel = cancel; }
 
+/* ---- turn checkpoints (stage.h) ---- */
+
+struct k3_state_ckpt {
+    int pos;     /* the state's position when saved */
+    int n;       /* layers of the range */
+    float *data; /* every KDA layer's S then conv, in layer order, owned */
+    size_t bytes;
+};
+
+k3_status k3_state_save(const k3_state *s, k3_state_ckpt **out, char *err, size_t errlen) {
+    *out = NULL;
+    if (s->broken)
+        return k3_errf(K3_ERR_STATE, err, errlen, "checkpoint: the state is broken (reset first)");
+    const k3_config *c = k3_model_config(s->m);
+    size_t S_n = (size_t)c->kda_heads * (size_t)c->kda_hd * (size_t)c->kda_hd;
+    size_t conv_n = 3 * (size_t)c->kda_proj * (size_t)c->conv_k;
+    k3_state_ckpt *ck = k3_xcalloc(1, sizeof *ck);
+    ck->pos = s->pos;
+    ck->n = s->layer_b - s->layer_a;
+    ck->bytes = s->kda_bytes;
+    ck->data = malloc(ck->bytes ? ck->bytes : 1);
+    if (!ck->data) {
+        free(ck);
+        return k3_errf(K3_ERR_NOMEM, err, errlen, "checkpoint: cannot allocate %zu bytes",
+                       s->kda_bytes);
+    }
+    float *p = ck->data;
+    for (int i = 0; i < ck->n; i++) {
+        if (!s->kda[i].S) continue;
+        memcpy(p, s->kda[i].S, sizeof(float) * S_n);
+        memcpy(p + S_n, s->kda[i].conv, sizeof(float) * conv_n);
+        p += S_n + conv_n;
+    }
+    *out = ck;
+    return K3_OK;
+}
+
+k3_status k3_state_restore(k3_state *s, const k3_state_ckpt *ck, char *err, size_t errlen) {
+    if (ck->n != s->layer_b - s->layer_a || ck->bytes != s->kda_bytes)
+        return k3_errf(K3_ERR_MISMATCH, err, errlen,
+                       "restore: checkpoint of %d layers / %zu bytes, state %d / %zu", ck->n,
+                       ck->bytes, s->layer_b - s->layer_a, s->kda_bytes);
+    if (ck->pos > s->pos)
+        return k3_errf(K3_ERR_STATE, err, errlen,
+                       "restore: checkpoint at position %d is past the state's %d", ck->pos,
+                       s->pos);
+    const k3_config *c = k3_model_config(s->m);
+    size_t S_n = (size_t)c->kda_heads * (size_t)c->kda_hd * (size_t)c->kda_hd;
+    size_t conv_n = 3 * (size_t)c->kda_proj * (size_t)c->conv_k;
+    const float *p = ck->data;
+    for (int i = 0; i < ck->n; i++) {
+        if (!s->kda[i].S) continue;
+        memcpy(s->kda[i].S, p, sizeof(float) * S_n);
+        memcpy(s->kda[i].conv, p + S_n, sizeof(float) * conv_n);
+        p += S_n + conv_n;
+    }
+    s->pos = ck->pos;
+    s->broken = 0;
+    return K3_OK;
+}
+
+void k3_state_ckpt_free(k3_state_ckpt **ck) {
+    if (!ck || !*ck) return;
+    free((*ck)->data);
+    free(*ck);
+    *ck = NULL;
+}
+
+int k3_state_ckpt_pos(const k3_state_ckpt *ck) { return ck->pos; }
+size_t k3_state_ckpt_bytes(const k3_state_ckpt *ck) { return ck->bytes; }
+
 /* ---- the decoder layer ---- */
 
 typedef struct stage_run {

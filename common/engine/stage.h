@@ -43,6 +43,21 @@ int k3_state_pos(const k3_state *s); /* tokens consumed so far */
 int k3_state_max_ctx(const k3_state *s);
 size_t k3_state_bytes(const k3_state *s);
 
+/* Turn checkpoints. A checkpoint holds what a state cannot recompute when
+ * it steps back to an earlier position p: every KDA layer's S and conv
+ * windows at p. The MLA cache needs no copy: rows are written at positions
+ * >= pos only, so rows [0, p) are still those of p as long as the state has
+ * not been reset since (the caller drops its checkpoints at every reset).
+ * k3_state_restore(s, ck) brings s back to ck's position, which must not be
+ * past s's own; a restored state continues bit-identically to one that was
+ * fed the same ids from 0. */
+typedef struct k3_state_ckpt k3_state_ckpt;
+k3_status k3_state_save(const k3_state *s, k3_state_ckpt **out, char *err, size_t errlen);
+k3_status k3_state_restore(k3_state *s, const k3_state_ckpt *ck, char *err, size_t errlen);
+void k3_state_ckpt_free(k3_state_ckpt **ck);
+int k3_state_ckpt_pos(const k3_state_ckpt *ck);
+size_t k3_state_ckpt_bytes(const k3_state_ckpt *ck);
+
 /* Per-step statistics (summed over the stage's layers). */
 typedef struct k3_step_stats {
     double compute_ms;      /* wall time in layer math */
