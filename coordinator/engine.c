@@ -336,10 +336,8 @@ int k3_engine_session_reuse(k3_engine *e, uint64_t id, const int32_t *prompt, in
         eng_slot *s = &e->slots[i];
         if (!s->sess || s->busy || s->id != id) continue; /* an idle session is only read here */
         lu = s->last_use;
-        int len = k3_session_len(s->sess);
-        if (k3_session_max_ctx(s->sess) == max_ctx && len <= n &&
-            !memcmp(k3_session_ids(s->sess), prompt, (size_t)len * sizeof *prompt))
-            reuse = len;
+        if (k3_session_max_ctx(s->sess) == max_ctx)
+            reuse = k3_session_reusable(s->sess, prompt, n); /* prefix or checkpoint */
         break;
     }
     pthread_mutex_unlock(&e->mu);

@@ -132,7 +132,9 @@ k3_status k3_engine_generate(k3_engine *e, const k3_engine_req *req, k3_engine_r
 
 /* How many leading ids of prompt[0, n) a request on session id with
  * capacity max_ctx would reuse: the session's committed ids when they are
- * a prefix of prompt, else 0 (also when the session is not held, is
+ * a prefix of prompt, else its deepest turn checkpoint within the common
+ * prefix (generate.h k3_session_reusable), else 0 (also when the session
+ * is not held, is
  * running or has another capacity). *last_use (may be NULL) gets its
  * least-recently-used clock, 0 when not held. For a server that picks the
  * session with the longest reusable prefix. */

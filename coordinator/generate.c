@@ -443,6 +443,15 @@ k3_status k3_session_checkpoint(k3_session *s, char *err, size_t errlen) {
     return K3_OK;
 }
 
+int k3_session_reusable(const k3_session *s, const int32_t *ids, int n) {
+    if (s->n_ids <= n && !memcmp(s->ids, ids, (size_t)s->n_ids * sizeof(int32_t))) return s->n_ids;
+    int lcp = 0, lim = s->n_ids < n ? s->n_ids : n;
+    while (lcp < lim && s->ids[lcp] == ids[lcp]) lcp++;
+    for (int c = s->n_ckpt - 1; c >= 0; c--)
+        if (s->ckpt_pos[c] <= lcp && s->ckpt_pos[c] < n) return s->ckpt_pos[c];
+    return 0;
+}
+
 int k3_session_n_ckpt(const k3_session *s, size_t *bytes) {
     if (bytes) {
         *bytes = 0;

@@ -131,6 +131,10 @@ k3_status k3_session_feed(k3_session *s, const int32_t *ids, int n, const k3_fee
  * every prompt when the session keeps checkpoints); the oldest is dropped
  * beyond opts.ckpt. No-op without checkpoints. */
 k3_status k3_session_checkpoint(k3_session *s, char *err, size_t errlen);
+/* How many leading ids of ids[0, n) k3_session_feed would keep: every
+ * committed id when ids extends them, else the deepest checkpoint within
+ * the common prefix (and before n), else 0. Reads the session only. */
+int k3_session_reusable(const k3_session *s, const int32_t *ids, int n);
 /* Checkpoints held and their bytes (0 without). */
 int k3_session_n_ckpt(const k3_session *s, size_t *bytes);
 

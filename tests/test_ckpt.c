@@ -134,14 +134,15 @@ int main(void) {
     /* turn 2 edited: A + Y restores the checkpoint at |A| = 12 */
     st = gen(e, 1, ay, 19, &lg3, &t3, &r);
     CHECK(st == K3_OK && r.gen.n_reused == 12 && r.gen.n_prefilled == 7,
-          "edited turn 2: the checkpoint at 12 restored, %d reused, %d prefilled",
-          r.gen.n_reused, r.gen.n_prefilled);
+          "edited turn 2: the checkpoint at 12 restored, %d reused, %d prefilled", r.gen.n_reused,
+          r.gen.n_prefilled);
     int same = lg3.v && lg_ref.v && lg3.lo == 12 && lg3.hi == 19 &&
                !memcmp(lg3.v + (size_t)12 * (size_t)lg3.vocab,
                        lg_ref.v + (size_t)12 * (size_t)lg_ref.vocab,
                        sizeof(float) * 7 * (size_t)lg3.vocab);
-    CHECK(same, "restored: the logits of positions 12..18 equal the full replay's bit for bit "
-                "(%d x %d floats)",
+    CHECK(same,
+          "restored: the logits of positions 12..18 equal the full replay's bit for bit "
+          "(%d x %d floats)",
           7, lg3.vocab);
     CHECK(t3.n == ref.n && !memcmp(t3.v, ref.v, sizeof(int32_t) * (size_t)ref.n),
           "restored: the generated ids equal the full replay's (%d)", t3.n);
@@ -152,8 +153,8 @@ int main(void) {
     early[4] = 6;
     st = gen(e, 1, early, 12, NULL, &t3, &r);
     CHECK(st == K3_OK && r.gen.n_reused == 0 && r.gen.n_prefilled == 12,
-          "an edit at position 4, before every checkpoint: %d reused, %d prefilled",
-          r.gen.n_reused, r.gen.n_prefilled);
+          "an edit at position 4, before every checkpoint: %d reused, %d prefilled", r.gen.n_reused,
+          r.gen.n_prefilled);
     free(lg3.v);
     k3_engine_close(&e);
 

@@ -29,7 +29,7 @@ cli_text=$("$C" --model "$TINY" --local 0 --ngen $NGEN "$PROMPT" 2>"$T/cli.err")
 
 P=$(port)
 "$C" serve --model "$TINY" --local 0 --port "$P" --api-key "$KEY" --ctx $CTX --max-queue 4 \
-    --model-id tiny-k3 >"$T/out" 2>"$T/err" &
+    --model-id tiny-k3 --ckpt 2 >"$T/out" 2>"$T/err" &
 SRV=$!
 PIDS+=("$SRV")
 for _ in $(seq 1 3000); do
@@ -146,6 +146,34 @@ if [ "$code" = 200 ] && grep -q '"status":"ok"' "$T/body" && grep -q '"queue":0,
     ok "health: 200 with the queue"
 else
     bad "health: $code $(head -c 300 "$T/body")"
+fi
+
+# ---- a second chat turn with --ckpt 2: the first turn's answer re-rendered in
+# the history differs from the ids tiny sampled, the checkpoint at the end of
+# turn 1's prompt is restored: cached_tokens = turn 1's prompt ----
+curl -s "${AUTH[@]}" "${J[@]}" -d '{"messages":[{"role":"user","content":"Name a colour."}],"max_tokens":8,"temperature":0}' \
+    "$CHAT" >"$T/k1.json"
+/usr/bin/python3 - "$T/k1.json" >"$T/k2.req" <<'EOF'
+import json, sys
+a = json.load(open(sys.argv[1]))["choices"][0]["message"]["content"]
+print(json.dumps({"messages": [{"role": "user", "content": "Name a colour."},
+                               {"role": "assistant", "content": a},
+                               {"role": "user", "content": "Another."}],
+                  "max_tokens": 8, "temperature": 0}))
+EOF
+curl -s "${AUTH[@]}" "${J[@]}" -d @"$T/k2.req" "$CHAT" >"$T/k2.json"
+if /usr/bin/python3 - "$T/k1.json" "$T/k2.json" <<'EOF'; then
+import json, sys
+u1 = json.load(open(sys.argv[1]))["usage"]
+u2 = json.load(open(sys.argv[2]))["usage"]
+c = u2["prompt_tokens_details"]["cached_tokens"]
+print("# --ckpt 2: turn 1 prompt %d (+%d generated), turn 2 prompt %d, cached %d" %
+      (u1["prompt_tokens"], u1["completion_tokens"], u2["prompt_tokens"], c))
+sys.exit(0 if c >= u1["prompt_tokens"] and c < u2["prompt_tokens"] else 1)
+EOF
+    ok "--ckpt 2: a second chat turn reuses at least turn 1's prompt (cached_tokens)"
+else
+    bad "--ckpt 2 second turn: $(head -c 300 "$T/k2.json")"
 fi
 
 # ---- admission: --max-queue 4 running, the 5th gets 429 ----
