@@ -80,6 +80,19 @@ make_tmp() { # name
     trap k3_cleanup EXIT
 }
 
+serve_start() { # OUT ERR ARGS...: "$C serve ARGS" in the background (pid in SRV, in
+    # PIDS), then waits up to 60 s for its "serving on" line; 1 when it did not come
+    "$C" serve "${@:3}" >"$1" 2>"$2" &
+    SRV=$!
+    PIDS+=("$SRV")
+    for _ in $(seq 1 600); do
+        grep -q "^serving on" "$1" && return 0
+        kill -0 "$SRV" 2>/dev/null || break
+        sleep 0.1
+    done
+    grep -q "^serving on" "$1"
+}
+
 port() {
     /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }

@@ -17,6 +17,7 @@
 
 #include "common/base/log.h"
 #include "coordinator/engine.h"
+#include "tests/engine_fixture.h"
 #include "tests/test.h"
 
 #define MAX_CTX 64
@@ -52,18 +53,7 @@ static void on_tok(void *ctx, int32_t id) {
 
 static k3_engine *open_engine(int ckpt) {
     static k3_engine_opts eng;
-    memset(&eng, 0, sizeof eng);
-    eng.model = (char *)t_tiny_dir();
-    eng.bits = 4;
-    eng.mla_bits = 8;
-    eng.head_bits = 8;
-    eng.idot = 1;
-    eng.threads = 1;
-    eng.expert_gb = 1;
-    eng.direct = 1;
-    eng.pipe = 1;
-    eng.load_threads = 2;
-    eng.usage = "off";
+    t_engine_opts_tiny(&eng);
     k3_engine_open_opts o;
     k3_engine_open_opts_default(&o);
     o.eng = &eng;

@@ -16,6 +16,7 @@
 #include "common/base/log.h"
 #include "coordinator/cluster.h"
 #include "coordinator/engine.h"
+#include "tests/engine_fixture.h"
 #include "tests/test.h"
 
 #define NGEN    6
@@ -65,20 +66,7 @@ static void on_tok_reenter(void *ctx, int32_t id) {
 }
 
 /* Default numerics (4/8/8, idot), one thread, no usage history. */
-static void engine_opts(k3_engine_opts *eng) {
-    memset(eng, 0, sizeof *eng);
-    eng->model = (char *)t_tiny_dir();
-    eng->bits = 4;
-    eng->mla_bits = 8;
-    eng->head_bits = 8;
-    eng->idot = 1;
-    eng->threads = 1;
-    eng->expert_gb = 1;
-    eng->direct = 1;
-    eng->pipe = 1;
-    eng->load_threads = 2;
-    eng->usage = "off";
-}
+static void engine_opts(k3_engine_opts *eng) { t_engine_opts_tiny(eng); }
 
 static k3_engine *open_engine(const k3_engine_opts *eng, int local, int n_sessions) {
     char err[512] = "";

@@ -21,6 +21,7 @@
 #include "common/base/log.h"
 #include "coordinator/cluster.h"
 #include "coordinator/engine.h"
+#include "tests/engine_fixture.h"
 #include "tests/test.h"
 
 #define NGEN    6
@@ -52,20 +53,7 @@ static void on_progress(void *ctx, int done, int n) {
     if (++r->chunks == r->cancel_after_chunks) atomic_store(&r->cancel, 1);
 }
 
-static void engine_opts(k3_engine_opts *eng) {
-    memset(eng, 0, sizeof *eng);
-    eng->model = (char *)t_tiny_dir();
-    eng->bits = 4;
-    eng->mla_bits = 8;
-    eng->head_bits = 8;
-    eng->idot = 1;
-    eng->threads = 1;
-    eng->expert_gb = 1;
-    eng->direct = 1;
-    eng->pipe = 1;
-    eng->load_threads = 2;
-    eng->usage = "off";
-}
+static void engine_opts(k3_engine_opts *eng) { t_engine_opts_tiny(eng); }
 
 static k3_engine *open_engine(const k3_engine_opts *eng, int local) {
     char err[512] = "";

@@ -46,7 +46,7 @@ echo "bench-serve: $SLICE, prompt ~$PROMPT words, $NGEN tokens per turn, $THREAD
 printf "%-8s %-6s %12s %10s %12s %12s\n" workers convs "agg tok/s" "ttft ms" "turn2 prompt" "reuse saving"
 for w in $WORKERS; do
     P=$(free_port)
-    "$C" serve --model "$SLICE" --local "$w" --port "$P" --max-queue 4 --max-sessions 8 --ctx 1024 \
+    "$C" serve --model "$SLICE" --local "$w" --port "$P" --max-queue 4 --max-sessions 8 --ctx 1024 --ckpt 4 \
         --threads "$THREADS" --max-tokens "$NGEN" >"$T/out" 2>"$T/err" &
     SRV=$!
     for _ in $(seq 1 6000); do

@@ -23,16 +23,8 @@ make_tmp k3serve_cancel
 PY=/usr/bin/python3
 
 P=$(port)
-"$C" serve --model "$TINY" --local 2 --port "$P" --ctx 8192 --chunk 1 --max-queue 2 --max-sessions 3 \
-    >"$T/out" 2>"$T/err" &
-SRV=$!
-PIDS+=("$SRV")
-for _ in $(seq 1 600); do
-    grep -q "^serving on" "$T/out" && break
-    kill -0 "$SRV" 2>/dev/null || break
-    sleep 0.1
-done
-grep -q "^serving on" "$T/out" || {
+serve_start "$T/out" "$T/err" --model "$TINY" --local 2 --port "$P" --ctx 8192 --chunk 1 \
+    --max-queue 2 --max-sessions 3 || {
     bad "serve did not start: $(tail -3 "$T/err")"
     exit 1
 }

@@ -35,17 +35,8 @@ start_worker 0
 start_worker 1
 
 P=$(port)
-"$C" serve --model "$TINY" --workers "${EP[0]},${EP[1]}" --hb-ms $HB --resumes 0 --port "$P" \
-    --max-queue 2 --max-sessions 4 --ctx 8192 --conn-timeout-s 2 --max-conns 256 \
-    >"$T/out" 2>"$T/err" &
-SRV=$!
-PIDS+=("$SRV")
-for _ in $(seq 1 600); do
-    grep -q "^serving on" "$T/out" && break
-    kill -0 "$SRV" 2>/dev/null || break
-    sleep 0.1
-done
-grep -q "^serving on" "$T/out" || {
+serve_start "$T/out" "$T/err" --model "$TINY" --workers "${EP[0]},${EP[1]}" --hb-ms $HB --resumes 0 --port "$P" \
+    --max-queue 2 --max-sessions 4 --ctx 8192 --conn-timeout-s 2 --max-conns 256 || {
     bad "serve did not start: $(tail -3 "$T/err")"
     exit 1
 }
