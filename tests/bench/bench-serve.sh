@@ -13,6 +13,11 @@
 #     so an answer whose text re-tokenizes differently from the sampled ids
 #     is not reused: random weights sample such ids often, a trained model
 #     rarely; docs/SERVING.md "Sessions").
+# WORKERS may name 0: the layers in-process, where the server's --ckpt 4
+# turn checkpoints make turn 2 restore the end of turn 1's prompt whatever
+# the answer's tokenization (with workers there are no checkpoints yet).
+# Every configuration loads the model again (the slice's load-time
+# quantization takes minutes on a small machine).
 # SLICE=dir picks the checkpoint (default $CACHE/slice, generated when
 # missing: `make slice`). The configurations run one after another: on a
 # shared machine compare rows of one run, not runs.
