@@ -3,15 +3,20 @@
  *
  * A request goes: headers (route, method, auth, Content-Length against
  * K3_SERVE_MAX_BODY) -> body accumulated up to K3_SERVE_MAX_BODY (more is a
- * 413) -> serve_req_parse -> admission (at most --max-queue generations at
- * once, else 429) -> serve_job_start (renders, checks the context) -> either
- * a callback response that streams the job's SSE events, or the complete
- * JSON once the job is finished. libmicrohttpd runs every connection on a
- * thread of its own, so the access handler and the stream reader may block.
+ * 413; a body slower than --conn-timeout-s closes the connection) ->
+ * serve_req_parse -> serve_job_start (renders, checks the context, then
+ * admission: at most --max-queue generations at once, else 429) -> either a
+ * callback response that streams the job's SSE events, or the complete JSON
+ * once the job is finished. libmicrohttpd runs every connection on a thread
+ * of its own (at most --max-conns), so the access handler and the stream
+ * reader may block; both look at the client's socket every 250 ms and
+ * cancel the job when it is gone.
  *
- * Each admitted generation runs on a session id of its own from a pool of
- * --max-queue ids (the engine keeps that many sessions), so a later request
- * on the same id reuses its prompt prefix (coordinator/engine.h).
+ * Sessions: --max-sessions ids, each an engine session. Admission gives a
+ * request the idle id whose committed ids (or turn checkpoint) are the
+ * longest prefix of its prompt, else the least recently used one, so a
+ * conversation's next turn prefills only its new tokens
+ * (k3_engine_session_reuse).
  *
  * Shutdown: the signal handler only writes to a pipe. The main thread then
  * quiesces the daemon (no new connections), waits up to --drain-s for the
