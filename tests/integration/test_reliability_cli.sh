@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# tests/integration/test_reliability_cli.sh: bounded waits and failures the
+# cluster names at once (issue "Reliability and the CLI", docs/RELIABILITY.md).
+#  - --workers naming an endpoint nobody answers on: a line every 5 s names
+#    the worker, its endpoint and how long it has been silent, and start-up
+#    gives up at --ready-timeout-ms with the deadline named;
+#  - a worker holding 50 tokens under a coordinator asking for 100: refused
+#    before any step, both numbers named;
+#  - a --local worker killed with -9 mid-decode: the coordinator names the
+#    signal at once, restarts it, replays, and the ids equal an undisturbed
+#    run's;
+#  - a second coordinator on the same worker: the first one fails within
+#    seconds with "taken over by another coordinator" (not a 30 s stall),
+#    the second one is served;
+#  - a HELLO with another model fingerprint is refused without the worker's
+#    fingerprint in the reply.
+set -u
+. "$(dirname "$0")/../lib.sh"
+need_bins "$C" "$W"
+make_tmp reliability_cli
+export K3_LOG=info
+IDS=1,2,3,4,5,6,7,8,9,10
+
+# 1. an endpoint nobody answers on
+t0=$(date +%s%N)
+"$C" --model "$TINY" --workers "tcp://127.0.0.1:1" --ready-timeout-ms 6500 --ids "$IDS" --ngen 2 \
+    --threads 1 >"$T/wait.out" 2>"$T/wait.err"
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+if [ $rc -eq 1 ] &&
+    grep -q 'waiting for worker 0 (tcp://127.0.0.1:1), layers .*: no answer for 5s' "$T/wait.err" &&
+    grep -q 'not registered within 6.[0-9] s (--ready-timeout-ms' "$T/wait.err" && [ $ms -lt 15000 ]; then
+    ok "unreachable worker: a waiting line at 5 s, gave up after $ms ms: $(tail -1 "$T/wait.err" | cut -c1-140)"
+else
+    bad "unreachable worker (rc $rc, $ms ms): $(tail -2 "$T/wait.err")"
+fi
+
+# 2. context capacity checked at start
+ep="tcp://127.0.0.1:$(port)"
+"$W" --model "$TINY" --layers 0-8 --listen "$ep" --max-ctx 50 --threads 1 --no-bench \
+    --name small 2>"$T/small.log" &
+PIDS+=($!)
+for _ in $(seq 100); do grep -q 'serving layers' "$T/small.log" && break; sleep 0.05; done
+"$C" --model "$TINY" --workers "$ep" --ids "$IDS" --ngen 90 --threads 1 --print-ids \
+    >"$T/ctx.out" 2>"$T/ctx.err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q 'a context of 100 tokens was asked, but worker small .* holds at most 50' \
+    "$T/ctx.err" && ! grep -q 'prefill:' "$T/ctx.err"; then
+    ok "context 100 > worker capacity 50: refused before any step: $(grep -o 'a context of.*' "$T/ctx.err" | cut -c1-120)"
+else
+    bad "context capacity (rc $rc): $(tail -1 "$T/ctx.err")"
+fi
+
+# 3. kill -9 of a --local worker mid-decode
+"$C" --model "$TINY" --local 2 --ids "$IDS" --ngen 24 --threads 1 --print-ids \
+    >"$T/ref.out" 2>"$T/ref.err"
+K3_WORKER_FAULT=slow=60 "$C" --model "$TINY" --local 2 --ids "$IDS" --ngen 24 --threads 1 \
+    --print-ids >"$T/kill.out" 2>"$T/kill.err" &
+cpid=$!
+PIDS+=($cpid)
+for _ in $(seq 200); do grep -q 'prefill: chunk' "$T/kill.err" && break; sleep 0.05; done
+sleep 0.5
+victim=$(pgrep -P $cpid k3-worker | tail -1)
+t0=$(date +%s%N)
+[ -n "$victim" ] && kill -9 "$victim"
+wait $cpid
+rc=$?
+if [ $rc -eq 0 ] && [ -n "$victim" ] && grep -q "(pid $victim) killed by signal 9" "$T/kill.err" &&
+    grep -q 'restarted as pid' "$T/kill.err" && grep '^ids:' "$T/kill.out" >"$T/k.ids" &&
+    grep '^ids:' "$T/ref.out" | cmp -s - "$T/k.ids"; then
+    ok "kill -9 of local worker pid $victim: named at once, restarted, replayed, ids identical"
+else
+    bad "kill -9 of a local worker (rc $rc, pid '$victim'): $(grep -m2 'killed\|error' "$T/kill.err")"
+fi
+
+# 4. a second coordinator on the same worker
+ep2="tcp://127.0.0.1:$(port)"
+K3_WORKER_FAULT=slow=100 "$W" --model "$TINY" --layers 0-8 --listen "$ep2" --threads 1 --no-bench \
+    --name shared 2>"$T/shared.log" &
+PIDS+=($!)
+for _ in $(seq 100); do grep -q 'serving layers' "$T/shared.log" && break; sleep 0.05; done
+"$C" --model "$TINY" --workers "$ep2" --ids "$IDS" --ngen 60 --threads 1 --resumes 0 \
+    >"$T/first.out" 2>"$T/first.err" &
+first=$!
+PIDS+=($first)
+for _ in $(seq 200); do grep -q 'prefill: chunk' "$T/first.err" && break; sleep 0.05; done
+t0=$(date +%s%N)
+"$C" --model "$TINY" --workers "$ep2" --ids "$IDS" --ngen 3 --threads 1 >"$T/second.out" \
+    2>"$T/second.err"
+rc2=$?
+wait $first
+rc1=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+if [ $rc2 -eq 0 ] && [ $rc1 -eq 1 ] &&
+    grep -q 'taken over by another coordinator: displaced: another coordinator (peer' "$T/first.err" &&
+    [ $ms -lt 10000 ]; then
+    ok "second coordinator served; the first failed in $ms ms naming the takeover: $(grep -o 'taken over.*' "$T/first.err" | head -1 | cut -c1-120)"
+else
+    bad "second coordinator (rc first $rc1, second $rc2, $ms ms): $(tail -1 "$T/first.err")"
+fi
+
+# 5. a bad HELLO learns nothing of the worker's fingerprint
+K3_TOPP=0.5 "$C" --model "$TINY" --workers "$ep" --ids "$IDS" --ngen 2 --threads 1 \
+    --ready-timeout-ms 3000 >"$T/fp.out" 2>"$T/fp.err"
+rc=$?
+wfp=$(grep -o 'got 0x[0-9a-f]*' "$T/small.log" | head -1 | cut -c5-)
+if [ $rc -eq 1 ] && grep -q 'fingerprint mismatch' "$T/fp.err" && [ -n "$wfp" ] &&
+    ! grep -q "$wfp" "$T/fp.err"; then
+    ok "HELLO with another fingerprint refused; the reply does not carry the worker's ($wfp is only in its log)"
+else
+    bad "fingerprint disclosure (rc $rc, worker fp '$wfp'): $(grep -m1 fingerprint "$T/fp.err")"
+fi
+exit $fail
