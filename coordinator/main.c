@@ -24,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "coordinator/cli_stop.h"
 #include "coordinator/cluster.h"
 #include "coordinator/cmd_tokenize.h"
 #include "common/ckpt/config.h"
@@ -504,7 +505,7 @@ static int check_head(const coord_opts *o, k3_engine *e) {
 /* Prefill speed counts the tokens actually prefilled; decode speed the
  * forward steps after the first sampled token (the first token's cost is
  * the prefill's). --stats is printed whatever the log level. */
-static void report(const coord_opts *o, k3_engine *e, const k3_engine_result *er) {
+static void report(const coord_opts *o, k3_engine *e, const k3_engine_result *er, int interrupted) {
     const k3_gen_result *res = &er->gen;
     if (res->n_prefilled > 0)
         K3_INFO("prefill: %d tokens in %.1f ms (%.1f tok/s)", res->n_prefilled, res->prefill_ms,
@@ -513,7 +514,8 @@ static void report(const coord_opts *o, k3_engine *e, const k3_engine_result *er
         K3_INFO("decode: %d tokens in %.1f ms (%.2f ms/token, %.2f tok/s)", res->n_decode_steps,
                 res->decode_ms, res->decode_ms / res->n_decode_steps,
                 res->decode_ms > 0 ? res->n_decode_steps * 1000.0 / res->decode_ms : 0.0);
-    K3_INFO("generated %d tokens, stop: %s", res->n_gen, stop_name(res->stop));
+    K3_INFO("generated %d tokens, stop: %s", res->n_gen,
+            interrupted ? "interrupted" : stop_name(res->stop));
     if (o->stats) k3_engine_print_stats(e, er, stderr);
 }
 
@@ -539,6 +541,7 @@ int main(int argc, char **argv) {
 
     int rc = parse_cli(argc, argv, &o, src, pos, &n_pos, &prompt, &n_prompt);
     if (rc >= 0) goto done;
+    const atomic_int *cancel = k3_cli_stop_install();
     engine_settings(&o, src, &eo);
     if ((st = k3_engine_open(&eng, &eo, err, sizeof err))) goto fail;
     if ((rc = check_head(&o, eng))) goto done;
@@ -560,10 +563,22 @@ int main(int argc, char **argv) {
                          .max_ctx = o.max_ctx,
                          .sampling = {.temp = o.temp, .top_p = o.top_p, .seed = (uint64_t)o.seed}};
     if ((st = sinks_open(&o, eng, n_prompt, &sinks, &req, err, sizeof err))) goto fail;
+    req.cancel = cancel;
     st = k3_engine_generate(eng, &req, &res, err, sizeof err);
     sinks_print(&o, &sinks);
+    if (st == K3_ERR_CANCEL && k3_cli_stop_signal()) {
+        /* a graceful stop: what ran is reported, the engine closes below
+         * (usage history saved, workers stopped, ipc directory removed) */
+        int sig = k3_cli_stop_signal();
+        sinks_close(&sinks, err, sizeof err);
+        report(&o, eng, &res, 1);
+        K3_WARN("stopped by signal %d (%s) after %d generated tokens", sig, strsignal(sig),
+                res.gen.n_gen);
+        rc = 128 + sig;
+        goto done;
+    }
     if (st || (st = sinks_close(&sinks, err, sizeof err))) goto fail;
-    report(&o, eng, &res);
+    report(&o, eng, &res, 0);
     rc = 0;
     goto done;
 

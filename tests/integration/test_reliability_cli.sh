@@ -110,4 +110,53 @@ if [ $rc -eq 1 ] && grep -q 'fingerprint mismatch' "$T/fp.err" && [ -n "$wfp" ] 
 else
     bad "fingerprint disclosure (rc $rc, worker fp '$wfp'): $(grep -m1 fingerprint "$T/fp.err")"
 fi
+
+# 6. graceful stop: the first SIGINT ends the run after the current step
+"$C" --model "$TINY" --local 2 --ids "$IDS" --ngen 40 --threads 1 --print-ids \
+    >"$T/full.out" 2>"$T/full.err"
+K3_WORKER_FAULT=slow=60 "$C" --model "$TINY" --local 2 --ids "$IDS" --ngen 40 --threads 1 \
+    --print-ids --stats >"$T/int.out" 2>"$T/int.err" &
+cpid=$!
+PIDS+=($cpid)
+for _ in $(seq 200); do grep -q 'prefill: chunk' "$T/int.err" && break; sleep 0.05; done
+sleep 0.6
+workers=$(pgrep -P $cpid k3-worker | tr '\n' ' ')
+kill -INT $cpid
+t0=$(date +%s%N)
+wait $cpid
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+dir=$(grep -o '/tmp/k3c\.[A-Za-z0-9]*' "$T/int.err" | head -1)
+n=$(grep '^ids:' "$T/int.out" | wc -w)
+n=$((n - 1))
+gone=1
+for p in $workers; do kill -0 "$p" 2>/dev/null && gone=0; done
+full=$(grep '^ids:' "$T/full.out")
+got=$(grep '^ids:' "$T/int.out")
+if [ $rc -eq 130 ] && [ $ms -lt 3000 ] && [ $n -ge 1 ] && [ $n -lt 40 ] &&
+    [ "${full#"$got"}" != "$full" ] && grep -q "generated $n tokens, stop: interrupted" "$T/int.err" &&
+    grep -q '^stats: ' "$T/int.err" && [ -n "$dir" ] && [ ! -e "$dir" ] && [ $gone -eq 1 ]; then
+    ok "SIGINT: stopped in $ms ms after $n tokens (a prefix of the full run's ids), stats printed, workers gone, $dir removed, exit 130"
+else
+    bad "SIGINT (rc $rc, $ms ms, $n ids, dir '$dir', workers gone $gone): $(tail -2 "$T/int.err")"
+fi
+# a second signal exits at once
+K3_WORKER_FAULT=slow=1500 "$C" --model "$TINY" --local 2 --ids "$IDS" --ngen 40 --threads 1 \
+    >"$T/int2.out" 2>"$T/int2.err" &
+cpid=$!
+PIDS+=($cpid)
+for _ in $(seq 200); do grep -q 'stage 1:' "$T/int2.err" && break; sleep 0.05; done
+sleep 0.3
+kill -INT $cpid
+sleep 0.2
+t0=$(date +%s%N)
+kill -TERM $cpid
+wait $cpid
+rc=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+if [ $rc -eq 143 ] && [ $ms -lt 1000 ] && grep -q 'second signal: exiting now' "$T/int2.err"; then
+    ok "a second signal (SIGTERM after SIGINT) exits at once: $ms ms, exit 143"
+else
+    bad "second signal (rc $rc, $ms ms): $(tail -1 "$T/int2.err")"
+fi
 exit $fail
