@@ -236,12 +236,18 @@ static k3_status local_spawn(k3_cluster *c, int i, char *err, size_t errlen) {
     arg_vec av;
     local_argv(c, i, a, b, bin, threads, dirs, &av);
     /* settings the worker reads from the environment only */
-    char e[4][64];
+    char e[5][64];
     cl_fmt(e[0], 64, "K3_LAYERS=%d", mo->max_layers);
     cl_fmt(e[1], 64, "K3_TOPP=%.17g", mo->topp);
     cl_fmt(e[2], 64, "K3_PIPE=%d", mo->pipe ? 1 : 0);
     cl_fmt(e[3], 64, "K3_LOAD_THREADS=%d", mo->load_threads);
-    char *env[5] = {e[0], e[1], e[2], e[3], NULL};
+    /* the coordinator's log level as it is now (--log-level, --quiet) */
+    cl_fmt(e[4], 64, "K3_LOG=%s",
+           k3_log_enabled(K3_LOG_DEBUG)  ? "debug"
+           : k3_log_enabled(K3_LOG_INFO) ? "info"
+           : k3_log_enabled(K3_LOG_WARN) ? "warn"
+                                         : "error");
+    char *env[6] = {e[0], e[1], e[2], e[3], e[4], NULL};
     /* the child has its own copy of av after fork: freed here either way */
     k3_status st = k3_worker_spawn(&s->pid, bin, av.v, env, err, errlen);
     av_free(&av);

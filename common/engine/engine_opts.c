@@ -51,7 +51,8 @@ k3_status k3_engine_opts_resolve(k3_engine_opts *e, const k3_opt *table, int n_o
 }
 
 void k3_engine_opts_apply(const k3_engine_opts *e) {
-    k3_log_set_level((k3_log_level)e->log_level);
+    k3_log_level lvl = (k3_log_level)e->log_level;
+    k3_log_set_level(e->quiet && lvl < K3_LOG_WARN ? K3_LOG_WARN : lvl);
     k3_isa_select(e->isa);
 }
 

@@ -46,6 +46,7 @@ typedef struct k3_engine_opts {
     int usage_save;     /* save the usage history at a clean exit */
     int isa;            /* kernel level: K3_ISA_AUTO or a k3_isa (k3_engine_opts_apply) */
     int log_level;      /* a k3_log_level (k3_engine_opts_apply) */
+    int quiet;          /* --quiet: warnings and errors only (beats log_level) */
 } k3_engine_opts;
 
 /* Offset of engine field f inside the program's struct T, whose
@@ -205,7 +206,8 @@ typedef struct k3_engine_opts {
      .metavar = "N",                                                                               \
      .help = "truncate the stack to N layers (no head: trace only), 0 = all"},                  \
     K3_KERN_OPT_ISA(T, m.isa),                                                                     \
-    K3_LOG_OPT_LEVEL(T, m.log_level)
+    K3_LOG_OPT_LEVEL(T, m.log_level),                                                              \
+    K3_LOG_OPT_QUIET(T, m.quiet)
 // clang-format on
 
 /* Applies --exact after parsing: bits 32/32/32 and idot 0. A --bits,
