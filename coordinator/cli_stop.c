@@ -11,13 +11,14 @@ static atomic_int g_cancel;
 static volatile sig_atomic_t g_signal;
 
 static void on_stop(int sig) {
-    if (atomic_exchange(&g_cancel, 1)) {
+    if (g_signal) {
         static const char now[] = "\nk3-coordinator: second signal: exiting now\n";
         ssize_t w = write(2, now, sizeof now - 1);
         (void)w;
         _exit(128 + sig);
     }
     g_signal = sig;
+    atomic_store(&g_cancel, 1);
     static const char msg[] = "\nk3-coordinator: stopping after the current step (signal again "
                               "to exit now)\n";
     ssize_t w = write(2, msg, sizeof msg - 1);
@@ -36,3 +37,5 @@ const atomic_int *k3_cli_stop_install(void) {
 }
 
 int k3_cli_stop_signal(void) { return (int)g_signal; }
+
+void k3_cli_stop_request(void) { atomic_store(&g_cancel, 1); }

@@ -19,5 +19,9 @@
 const atomic_int *k3_cli_stop_install(void);
 /* The signal that asked for the stop, 0 = none. */
 int k3_cli_stop_signal(void);
+/* Stops the generation after the current step without a signal (a --stop
+ * string or the end of a --chat turn was seen); a later signal is still
+ * the first one. */
+void k3_cli_stop_request(void);
 
 #endif
