@@ -584,7 +584,7 @@ static void link_events(k3_cluster *c, cl_stage *s) {
                    c->so.hb_ms * K3_LINK_LIVENESS);
             if (s->state == LINK_READY)
                 link_fail(c, s, why);
-            else
+            else if (strncmp(s->last_err, "cannot authenticate", 19)) /* keep the CURVE reason */
                 cl_fmt(s->last_err, sizeof s->last_err, "%s", why);
             break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:

@@ -12,8 +12,12 @@
  * queues per peer connection, so a peer holds at most
  * WK_PEER_RCVHWM x K3_PROTO_MAX_FRAMES x that in the worker's memory;
  * queued work (registered coordinator only) is bounded by WK_MAX_QUEUE.
+ *
+ * Also the endpoint a worker binds: "tcp://localhost:P" as 127.0.0.1, and a
+ * trial bind before the model loads, so "address in use" is said at once.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "common/base/log.h"
 #include "worker/worker.h"
@@ -52,4 +56,31 @@ int wk_ratelimit(wk_ratelimit_state *r, double now_ms) {
     }
     r->suppressed++;
     return 0;
+}
+
+/* libzmq reads the host of a tcp bind as an interface name or an address,
+ * so "tcp://localhost:P" fails with "No such device": it binds 127.0.0.1. */
+void wk_bind_endpoint(const char *ep, char *out, size_t cap) {
+    static const char lh[] = "tcp://localhost:";
+    if (!strncmp(ep, lh, sizeof lh - 1))
+        snprintf(out, cap, "tcp://127.0.0.1:%s", ep + sizeof lh - 1);
+    else
+        snprintf(out, cap, "%s", ep);
+}
+
+k3_status wk_probe_bind(const char *listen, char *err, size_t errlen) {
+    char ep[K3_MAX_ENDPOINT + 16];
+    wk_bind_endpoint(listen, ep, sizeof ep);
+    void *ctx = zmq_ctx_new();
+    void *s = ctx ? zmq_socket(ctx, ZMQ_ROUTER) : NULL;
+    int linger = 0;
+    k3_status st = K3_OK;
+    if (!s)
+        st = k3_errf(K3_ERR_IO, err, errlen, "zmq socket: %s", zmq_strerror(zmq_errno()));
+    else if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_bind(s, ep) != 0)
+        st = k3_errf(K3_ERR_IO, err, errlen, "bind %s: %s (checked before loading the model)",
+                     listen, zmq_strerror(zmq_errno()));
+    if (s) zmq_close(s);
+    if (ctx) zmq_ctx_term(ctx);
+    return st;
 }

@@ -380,6 +380,11 @@ static int run(const wopts *o) {
     char usage_path[4200];
     k3_model *m = NULL;
     rc = load_keys(o, &w, &allow);
+    char perr[512];
+    if (!rc && wk_probe_bind(o->listen, perr, sizeof perr)) {
+        fprintf(stderr, "k3-worker: %s\n", perr);
+        rc = 1;
+    }
     if (!rc) {
         pin_numa(o, a);
         rc = open_layers(o, a, b, &mo, usage_path, sizeof usage_path, &w, &m);

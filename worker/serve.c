@@ -563,7 +563,9 @@ static k3_status wk_open_socket(wk *w, char *err, size_t errlen) {
                               err, errlen);
     if (!st && o->curve) st = k3_link_curve_server(w->sock, &o->kp, err, errlen);
     if (st) return st;
-    if (zmq_bind(w->sock, o->listen) != 0)
+    char ep[K3_MAX_ENDPOINT + 16];
+    wk_bind_endpoint(o->listen, ep, sizeof ep);
+    if (zmq_bind(w->sock, ep) != 0)
         return k3_errf(K3_ERR_IO, err, errlen, "bind %s: %s", o->listen, zmq_strerror(zmq_errno()));
     return K3_OK;
 }

@@ -68,6 +68,15 @@ uint64_t wk_max_frame_bytes(int nb_in, int max_chunk, int hidden);
  * (before bind). */
 k3_status wk_socket_budget(void *sock, uint64_t max_frame, char *err, size_t errlen);
 
+/* The endpoint to hand zmq_bind: "tcp://localhost:P" becomes
+ * "tcp://127.0.0.1:P", anything else is copied. */
+void wk_bind_endpoint(const char *ep, char *out, size_t cap);
+/* Binds listen on a throw-away socket and closes it: a worker reports an
+ * address in use (or a bad interface) before a load of minutes. The real
+ * socket binds after the load (another process could take the address in
+ * between; that is then reported as before). */
+k3_status wk_probe_bind(const char *listen, char *err, size_t errlen);
+
 typedef struct wk_ratelimit_state {
     double window_ms;    /* start of the current window */
     int in_window;       /* lines logged in it */

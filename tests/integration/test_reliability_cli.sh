@@ -13,7 +13,11 @@
 #    seconds with "taken over by another coordinator" (not a 30 s stall),
 #    the second one is served;
 #  - a HELLO with another model fingerprint is refused without the worker's
-#    fingerprint in the reply.
+#    fingerprint in the reply;
+#  - SIGINT stops gracefully, a second signal at once;
+#  - tcp://localhost binds and connects; a worker whose address is taken
+#    says so before loading (< 1 s); a coordinator key not on the worker's
+#    allow-list ends with the CURVE reason, not "connection closed".
 set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C" "$W"
@@ -158,5 +162,44 @@ if [ $rc -eq 143 ] && [ $ms -lt 1000 ] && grep -q 'second signal: exiting now' "
     ok "a second signal (SIGTERM after SIGINT) exits at once: $ms ms, exit 143"
 else
     bad "second signal (rc $rc, $ms ms): $(tail -1 "$T/int2.err")"
+fi
+
+# 7. tcp://localhost, address in use before the load, the CURVE reason
+p=$(port)
+"$W" --model "$TINY" --layers 0-8 --listen "tcp://localhost:$p" --threads 1 --no-bench \
+    2>"$T/lh.log" &
+PIDS+=($!)
+for _ in $(seq 100); do grep -q 'serving layers' "$T/lh.log" && break; sleep 0.05; done
+"$C" --model "$TINY" --workers "tcp://localhost:$p" --ids "$IDS" --ngen 3 --threads 1 --print-ids \
+    >"$T/lh.out" 2>"$T/lh.err"
+rc=$?
+t0=$(date +%s%N)
+"$W" --model "$TINY" --layers 0-8 --listen "tcp://127.0.0.1:$p" --threads 1 --no-bench \
+    2>"$T/inuse.err"
+rc2=$?
+ms=$((($(date +%s%N) - t0) / 1000000))
+if [ $rc -eq 0 ] && grep -q '^ids: ' "$T/lh.out" && [ $rc2 -eq 1 ] && [ $ms -lt 1000 ] &&
+    grep -q 'Address already in use (checked before loading the model)' "$T/inuse.err" &&
+    ! grep -q 'loaded' "$T/inuse.err"; then
+    ok "tcp://localhost serves; a second worker on its port fails in $ms ms before loading"
+else
+    bad "localhost (rc $rc) / address in use (rc $rc2, $ms ms): $(tail -1 "$T/lh.err") | $(tail -1 "$T/inuse.err")"
+fi
+"$C" keygen "$T/wk" >/dev/null 2>&1 && "$C" keygen "$T/ck" >/dev/null 2>&1 &&
+    "$C" keygen "$T/ok" >/dev/null 2>&1
+p=$(port)
+"$W" --model "$TINY" --layers 0-8 --listen "tcp://127.0.0.1:$p" --threads 1 --no-bench \
+    --curve-secret "$T/wk.key" --allow "$T/ok.pub" 2>"$T/cw.log" &
+PIDS+=($!)
+for _ in $(seq 100); do grep -q 'serving layers' "$T/cw.log" && break; sleep 0.05; done
+echo "* $(grep -o '= .*' "$T/wk.pub" | cut -c3-)" >"$T/keys.txt"
+"$C" --model "$TINY" --workers "tcp://127.0.0.1:$p" --curve-secret "$T/ck.key" \
+    --worker-keys "$T/keys.txt" --ids "$IDS" --ngen 2 --threads 1 --ready-timeout-ms 8000 \
+    >/dev/null 2>"$T/curve.err"
+rc=$?
+if [ $rc -eq 1 ] && tail -1 "$T/curve.err" | grep -q 'cannot authenticate: the worker refused our CURVE key'; then
+    ok "a key not on the allow-list: the final error names the CURVE reason: $(tail -1 "$T/curve.err" | cut -c1-120)"
+else
+    bad "CURVE reason (rc $rc): $(tail -1 "$T/curve.err")"
 fi
 exit $fail
