@@ -10,7 +10,14 @@
  *     proto_errors), the worker's log holds at most WK_LOG_BURST lines for
  *     them plus the count lines, and real traffic is answered;
  *  3. SHUTDOWN and STATS with the right epoch from a peer that is not the
- *     registered coordinator: refused (ERROR auth), the worker stays up.
+ *     registered coordinator: refused (ERROR auth), the worker stays up;
+ *  4. a slow peer that sends 20,000 requests and reads none of the answers:
+ *     the worker's queue to it is bounded (ROUTER drops at the HWM, never
+ *     blocks), RSS stays bounded and the coordinator's STATS round trip
+ *     stays under 1 s.
+ * RELIABILITY_OVERSIZED=N and RELIABILITY_OVERSIZED_MB=M change check 1 to N
+ * frames of M MiB (make reliability: 1,000 x 2 MiB); each check prints a
+ * "# row|..." line that tests/reliability/run.sh puts in its table.
  */
 #include <signal.h>
 #include <sys/wait.h>
@@ -141,11 +148,16 @@ int main(void) {
     long rss0 = proc_kb(pid, "VmHWM:");
 
     /* 1. three 300 MiB frames from a peer that never registered */
-    const size_t big = 300u << 20;
+    int n_big = getenv("RELIABILITY_OVERSIZED") ? atoi(getenv("RELIABILITY_OVERSIZED")) : 3;
+    int big_mb =
+        getenv("RELIABILITY_OVERSIZED_MB") ? atoi(getenv("RELIABILITY_OVERSIZED_MB")) : 300;
+    if (n_big < 1 || n_big > 100000) n_big = 3;
+    if (big_mb < 1 || big_mb > 1024) big_mb = 300;
+    const size_t big = (size_t)big_mb << 20;
     char *frame = calloc(1, big); /* untouched zero pages: sending costs no RSS here */
     void *bad = dealer(ep);
     double t0 = k3_now_ms();
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < n_big; i++) {
         zmq_msg_t part;
         zmq_send(bad, "\x81\xa1v\x01", 4, ZMQ_SNDMORE);
         zmq_msg_init_data(&part, frame, big, NULL, NULL);
@@ -158,10 +170,14 @@ int main(void) {
     proto_msg_init(&h, PROTO_MSG_STATS, ++id, EP);
     send_msg(co, &h);
     ok = reply(co, &r, 5000) && r.type == PROTO_MSG_STATS_OK;
+    printf("# row|%d oversized messages (%d MiB frames) from an unauthenticated peer|%d|%s|%s|%ld "
+           "kB|-\n",
+           n_big, big_mb, n_big, ok ? "real traffic answered" : "STATS lost",
+           "peer dropped by libzmq at the frame header", rss1);
     CHECK(rss0 > 0 && rss1 - rss0 < 64 * 1024 && ok,
-          "3 x 300 MiB frames from an unregistered peer: worker peak RSS %ld -> %ld kB "
+          "%d x %d MiB frames from an unregistered peer: worker peak RSS %ld -> %ld kB "
           "(+%ld kB, bound 64 MiB, frame cap %llu bytes), STATS still answered (%.0f ms)",
-          rss0, rss1, rss1 - rss0,
+          n_big, big_mb, rss0, rss1, rss1 - rss0,
           (unsigned long long)wk_max_frame_bytes(0, 512, k3_model_config(m)->hidden),
           k3_now_ms() - t0);
     free(frame);
@@ -183,6 +199,10 @@ int main(void) {
     }
     zmq_close(junk);
     int lines = count_lines(logp, "rejected a malformed");
+    printf("# row|10,000 malformed messages from an unauthenticated peer|10000|%s|%llu counted, "
+           "%d log lines|%ld kB|-\n",
+           seen >= 10000 ? "real traffic answered" : "STATS lost", (unsigned long long)seen, lines,
+           proc_kb(pid, "VmHWM:"));
     CHECK(seen >= 10000 && lines <= WK_LOG_BURST,
           "10,000 malformed messages: %llu counted, %d log lines (burst %d per %.0f s), "
           "STATS answered",
@@ -202,6 +222,37 @@ int main(void) {
     CHECK(refused && ok,
           "SHUTDOWN from another peer with the right epoch: '%s'; the worker serves on", msg);
     zmq_close(other);
+
+    /* 4. a peer that sends and never reads */
+    void *slow = dealer(ep);
+    int hwm = 1000000; /* its own side queues everything it sends */
+    zmq_setsockopt(slow, ZMQ_SNDHWM, &hwm, sizeof hwm);
+    zmq_setsockopt(slow, ZMQ_RCVHWM, &hwm, sizeof hwm);
+    proto_msg_init(&h, PROTO_MSG_STATS, 1, EP); /* answered ERROR auth: it is not registered */
+    for (int i = 0; i < 20000; i++) {
+        h.id = 1000 + (uint64_t)i;
+        proto_send(slow, NULL, &h, NULL, NULL, 0, ZMQ_DONTWAIT, err, sizeof err);
+    }
+    double worst = 0;
+    int answered = 1;
+    for (int i = 0; i < 20; i++) {
+        double t1 = k3_now_ms();
+        proto_msg_init(&h, PROTO_MSG_STATS, ++id, EP);
+        send_msg(co, &h);
+        answered &= reply(co, &r, 5000) && r.type == PROTO_MSG_STATS_OK;
+        double dt = k3_now_ms() - t1;
+        worst = dt > worst ? dt : worst;
+        sleep_ms(50);
+    }
+    long rss4 = proc_kb(pid, "VmHWM:");
+    printf("# row|a slow peer: 20,000 requests, reads nothing|20000|%s|none (its answers dropped "
+           "at the HWM)|%ld kB|%.0f ms\n",
+           answered ? "real traffic answered" : "STATS lost", rss4, worst);
+    CHECK(answered && worst < 1000 && rss4 - rss0 < 64 * 1024,
+          "a peer sending 20,000 requests and reading nothing: STATS round trip <= %.0f ms, "
+          "worker peak RSS %ld kB",
+          worst, rss4);
+    zmq_close(slow);
 
     /* the coordinator may stop it */
     proto_msg_init(&h, PROTO_MSG_SHUTDOWN, ++id, EP);
