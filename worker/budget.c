@@ -16,8 +16,14 @@
  * Also the endpoint a worker binds: "tcp://localhost:P" as 127.0.0.1, and a
  * trial bind before the model loads, so "address in use" is said at once.
  */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "common/base/log.h"
 #include "worker/worker.h"
@@ -69,18 +75,31 @@ void wk_bind_endpoint(const char *ep, char *out, size_t cap) {
 }
 
 k3_status wk_probe_bind(const char *listen, char *err, size_t errlen) {
-    char ep[K3_MAX_ENDPOINT + 16];
+    /* a plain socket bound but never listening: nobody can connect to it
+     * (a zmq listener here would take a coordinator's connect and then
+     * drop it mid-handshake, which reads as a refused key). ipc:// needs no
+     * check (libzmq replaces a stale socket file); a tcp host other than
+     * '*', localhost or a numeric IPv4 address (an interface name) is left
+     * to the real bind. */
+    char ep[K3_MAX_ENDPOINT + 16], host[K3_MAX_ENDPOINT];
     wk_bind_endpoint(listen, ep, sizeof ep);
-    void *ctx = zmq_ctx_new();
-    void *s = ctx ? zmq_socket(ctx, ZMQ_ROUTER) : NULL;
-    int linger = 0;
+    if (strncmp(ep, "tcp://", 6)) return K3_OK;
+    const char *colon = strrchr(ep + 6, ':');
+    if (!colon || (size_t)(colon - (ep + 6)) >= sizeof host) return K3_OK;
+    snprintf(host, sizeof host, "%.*s", (int)(colon - (ep + 6)), ep + 6);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(colon + 1))};
+    if (!strcmp(host, "*"))
+        a.sin_addr.s_addr = htonl(INADDR_ANY);
+    else if (inet_pton(AF_INET, host, &a.sin_addr) != 1)
+        return K3_OK;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return K3_OK;
+    int one = 1; /* as libzmq binds: a port in TIME_WAIT is free */
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     k3_status st = K3_OK;
-    if (!s)
-        st = k3_errf(K3_ERR_IO, err, errlen, "zmq socket: %s", zmq_strerror(zmq_errno()));
-    else if (zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_bind(s, ep) != 0)
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0)
         st = k3_errf(K3_ERR_IO, err, errlen, "bind %s: %s (checked before loading the model)",
-                     listen, zmq_strerror(zmq_errno()));
-    if (s) zmq_close(s);
-    if (ctx) zmq_ctx_term(ctx);
+                     listen, strerror(errno));
+    close(fd);
     return st;
 }
