@@ -75,10 +75,12 @@
 /* ---- HTTP serving (coordinator/serve*.c, docs/SERVING.md) ---- */
 #define K3_SERVE_MAX_BODY       (8u << 20) /* request body: 8 MiB holds ~2M tokens of text */
 #define K3_SERVE_MAX_STOPS      4          /* stop strings per request (OpenAI's limit) */
-#define K3_MAX_PROMPT_FILE_BYTES (256u << 20) /* --file / stdin prompt: ~60 M tokens */
 #define K3_SERVE_MAX_STOP_BYTES 256  /* one stop string; longer ones are never tokens' worth */
 #define K3_SERVE_MAX_MSGS       4096 /* messages per chat request; real chats hold < 1000 */
 #define K3_SERVE_MAX_PARTS      1024 /* content parts per message */
 #define K3_SERVE_MAX_QUEUE      1024 /* --max-queue: requests admitted at once */
+
+/* --file / stdin prompt of the command line: ~60 M tokens of text */
+#define K3_MAX_PROMPT_FILE_BYTES (256u << 20)
 
 #endif

@@ -51,6 +51,12 @@ gen_bg() {
     done
 }
 peak() { tail -1 "$1.rss" 2>/dev/null | grep -E '^[0-9]+$' || echo 0; }
+account() { # out recovery_ms: the row's max RSS and max recovery time so far
+    local m
+    m=$(peak "$1")
+    [ "$m" -gt "$rss" ] && rss=$m
+    [ "$2" -gt "$worst" ] && worst=$2
+}
 
 # reference: undisturbed, with the same slow workers
 gen "$T/ref.out" "$T/ref.err" --local 2 --ngen 24
@@ -69,20 +75,23 @@ ok_n=0 err_n=0 rss=0 worst=0 pre=0 dec=0 missed=0 i=0
 while [ $((pre + dec)) -lt "$TRIALS" ] && [ $missed -lt "$TRIALS" ]; do
     i=$((i + 1))
     r=$(rnd $((SEED * 1000 + i)))
-    at=$(awk -v r="$r" -v b="$BASE" 'BEGIN { printf "%d", 100 + r * (0.6 * b - 100) }')
+    # odd trials aim at the prefill (~the first 250 ms), even ones at the decode
+    at=$(awk -v r="$r" -v b="$BASE" -v i="$i" \
+        'BEGIN { printf "%d", (i % 2) ? 40 + r * 200 : 300 + r * (0.6 * b - 300) }')
     gen_bg "$T/k$i.out" "$T/k$i.err" --local 2 --ngen 24
     for _ in $(seq 400); do grep -q 'stage 1:' "$T/k$i.err" && break; sleep 0.01; done
     start=$(ms_now)
     sleep "$(awk -v a="$at" 'BEGIN { print a / 1000 }')"
     pick=$(awk -v r="$(rnd $((SEED * 7777 + i)))" 'BEGIN { print (r < 0.5) ? 1 : 2 }')
     victim=$(grep -o "started local worker $((pick - 1)) (pid [0-9]*" "$T/k$i.err" | grep -o '[0-9]*$')
-    phase=decode
-    grep -q 'prefill: [0-9]* tokens in' "$T/k$i.err" || phase=prefill
+    phase=prefill # until the last prefill chunk (n/n) was reported
+    grep -q 'prefill: chunk \([0-9]*\)/\1,' "$T/k$i.err" && phase=decode
     hit=0
-    [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && hit=1
+    grep -q 'stop: ' "$T/k$i.err" || { [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null && hit=1; }
     echo "# trial $i: kill -9 of worker $pick (pid ${victim:-none}) at $at ms, $phase"
     wait $cpid
-    if [ $hit -eq 0 ]; then # the run ended first: not a trial
+    if [ $hit -eq 0 ] || grep -q 'ended with status 0x9' "$T/k$i.err"; then
+        # the generation had ended first (the kill met the shutdown): not a trial
         missed=$((missed + 1))
         continue
     fi
@@ -92,9 +101,7 @@ while [ $((pre + dec)) -lt "$TRIALS" ] && [ $missed -lt "$TRIALS" ]; do
     [ "$phase" = prefill ] && pre=$((pre + 1)) || dec=$((dec + 1))
     [ "$(grep '^ids:' "$T/k$i.out")" = "$REF" ] && ok_n=$((ok_n + 1))
     grep -q "(pid $victim) killed by signal 9" "$T/k$i.err" && err_n=$((err_n + 1))
-    m=$(peak "$T/k$i.out")
-    [ "$m" -gt "$rss" ] && rss=$m
-    [ $rec -gt $worst ] && worst=$rec
+    account "$T/k$i.out" $rec
 done
 row "kill -9 of a random --local worker at a seeded time ($pre in prefill, $dec in decode; $missed after the run had ended, not counted)" \
     "$((pre + dec))" "$ok_n" "$err_n" "$rss kB" "$worst ms"
@@ -122,9 +129,7 @@ for i in $(seq $n); do
     else
         err_n=$((err_n + 1))
     fi
-    m=$(peak "$T/s$i.out")
-    [ "$m" -gt "$rss" ] && rss=$m
-    [ $rec -gt $worst ] && worst=$rec
+    account "$T/s$i.out" $rec
 done
 row "SIGSTOP of a --local worker for 0.5-2 x TTL (TTL 600 ms), then SIGCONT" \
     "$n" "$ok_n" "$err_n (a loss named when past TTL)" "$rss kB" "$worst ms"
