@@ -98,7 +98,7 @@ FIXTURES ?= $(BUILD)/fixtures
 TINY     := $(FIXTURES)/tiny
 CACHE    ?= $(HOME)/.cache/k3shard
 
-.PHONY: all deps test run asan ubsan tsan fuzz format format-check clean \
+.PHONY: all deps test run asan ubsan tsan fuzz format format-check clean reliability \
         tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-ab \
         tests-bin fuzz-bin
 
@@ -153,6 +153,10 @@ slice:
 
 test: tests-bin tiny
 	BUILD=$(BUILD) TINY=$(TINY) bash tests/run.sh
+
+# Faults injected into a live tiny cluster, one table (docs/RELIABILITY.md).
+reliability: tests-bin tiny
+	BUILD=$(BUILD) TINY=$(TINY) bash tests/reliability/run.sh
 
 # deps first, then a new make: this one read the Makefile before deps ran,
 # so it has no library flags (and must not check for the libraries).

@@ -320,6 +320,7 @@ static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
     cl_fmt(s->name, sizeof s->name, "%s", h->name);
     s->state = LINK_READY;
     s->refused = 0;
+    s->registered_since_spawn = 1;
     s->last_err[0] = 0;
     K3_INFO("cluster: %s registered (epoch %llx, %u sessions x %u tokens, drive %.2f GB/s, "
             "build '%s')",
@@ -524,6 +525,17 @@ static void link_read(k3_cluster *c, cl_stage *s) {
             K3_WARN("cluster: malformed message from %s dropped: %s", s->endpoint, err);
             continue;
         }
+        if (m.type == PROTO_MSG_ERROR && m.id == 0 && s->state == LINK_READY &&
+            m.epoch == s->epoch) {
+            /* unsolicited: another coordinator registered (PROTOCOL.md
+             * "Displacement"); taking the worker back would only displace
+             * it in turn, so this link stays down */
+            char why[640];
+            cl_fmt(why, sizeof why, "taken over by another coordinator: %s", m.u.error.msg);
+            link_fail(c, s, why);
+            s->refused = s->displaced = 1;
+            break;
+        }
         if (m.type == PROTO_MSG_HEARTBEAT) {
             /* progress: its compute loop is inside one of our steps (it
              * sends this between layers; a stuck thread does not) */
@@ -537,6 +549,8 @@ static void link_read(k3_cluster *c, cl_stage *s) {
     }
     proto_frames_close(&fr);
 }
+
+static void io_reap_local(k3_cluster *c);
 
 /* Socket monitor events: the fast path for a dead peer. */
 static void link_events(k3_cluster *c, cl_stage *s) {
@@ -559,12 +573,18 @@ static void link_events(k3_cluster *c, cl_stage *s) {
         char why[256];
         switch (ev) {
         case ZMQ_EVENT_DISCONNECTED:
+            /* a local worker's process gone: its exit status says more */
+            if (c->ordered && c->o.n_workers == 0 && s->pid) {
+                pid_t before = s->pid;
+                io_reap_local(c);
+                if (s->pid != before) break; /* reaped: the link failed with the status */
+            }
             cl_fmt(why, sizeof why,
                    "connection closed (process gone, or no heartbeat answer for %d ms)",
                    c->so.hb_ms * K3_LINK_LIVENESS);
             if (s->state == LINK_READY)
                 link_fail(c, s, why);
-            else
+            else if (strncmp(s->last_err, "cannot authenticate", 19)) /* keep the CURVE reason */
                 cl_fmt(s->last_err, sizeof s->last_err, "%s", why);
             break;
         case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:
@@ -715,7 +735,7 @@ static void link_timers(k3_cluster *c, cl_stage *s, double t) {
     char why[256];
     switch (s->state) {
     case LINK_DOWN:
-        if (t >= s->next_try_ms) link_open(c, s);
+        if (t >= s->next_try_ms && !s->displaced) link_open(c, s);
         break;
     case LINK_HELLO:
         if (t - s->hello_sent_ms > hello_timeout_ms(c)) {
@@ -766,6 +786,24 @@ static void io_spawn_local(k3_cluster *c) {
     c->spawn_pending = 0;
     pthread_cond_broadcast(&c->cv);
     while (c->spawn_st && !c->stopping) pthread_cond_wait(&c->cv, &c->mu); /* open fails */
+}
+
+/* --local, once open: a worker process that ended is seen here within a
+ * quarter heartbeat (waitpid), not after the link's timeouts. Its steps
+ * fail at once with the exit status named (k3_cluster_generate then
+ * resumes by replay), and a worker that had registered is started again
+ * with the same layers and endpoint; one that died before registering is
+ * not (a crash loop), which fails the resume's wait at once. */
+static void io_reap_local(k3_cluster *c) {
+    char why[768];
+    for (int i = 0; i < c->n; i++) {
+        int r = cl_local_reap(c, i, why, sizeof why);
+        if (!r) continue;
+        cl_stage *s = &c->st[i];
+        K3_ERROR("cluster: %s", why);
+        link_fail(c, s, why);
+        if (r < 0) s->refused = 1;
+    }
 }
 
 /* Moves new jobs to the active list, starts those that can start, and
@@ -879,6 +917,7 @@ static void *io_main(void *arg) {
     if (c->spawn_pending) io_spawn_local(c);
     while (!c->stopping) {
         double t = now_ms();
+        if (c->ordered && c->o.n_workers == 0) io_reap_local(c);
         for (int i = 0; i < c->n; i++) link_timers(c, &c->st[i], t);
         io_take_work(c);
         int n = io_poll_set(c, items, who);
@@ -912,6 +951,7 @@ void k3_cluster_opts_from_cli(k3_cluster_opts *co, const k3_cluster_cli *c) {
     co->worker_keys = c->worker_keys;
     co->worker_bin = c->worker_bin;
     co->retry = c->retry;
+    co->ready_timeout_ms = c->ready_timeout_ms;
 }
 
 void k3_cluster_opts_default(k3_cluster_opts *o) {
@@ -966,6 +1006,7 @@ static k3_status check_coverage(k3_cluster *c, char *err, size_t errlen) {
 static k3_status wait_ready_locked(k3_cluster *c, double deadline_ms, int check_children, char *err,
                                    size_t errlen) {
     char lab[512];
+    double start = now_ms(), next_log = start + K3_CLUSTER_WAIT_LOG_MS;
     for (;;) {
         if (c->spawn_st) return k3_errf(c->spawn_st, err, errlen, "%s", c->spawn_err);
         if (!c->spawn_pending && all_ready(c)) return K3_OK;
@@ -987,9 +1028,15 @@ static k3_status wait_ready_locked(k3_cluster *c, double deadline_ms, int check_
         if (t >= deadline_ms) {
             for (int i = 0; i < c->n; i++)
                 if (c->st[i].state != LINK_READY)
-                    return k3_errf(K3_ERR_TIMEOUT, err, errlen, "%s not registered: %s",
-                                   cl_stage_label(&c->st[i], lab, sizeof lab),
+                    return k3_errf(K3_ERR_TIMEOUT, err, errlen,
+                                   "%s not registered within %.1f s (--ready-timeout-ms / "
+                                   "K3_READY_TIMEOUT_MS): %s",
+                                   cl_stage_label(&c->st[i], lab, sizeof lab), (t - start) / 1000.0,
                                    c->st[i].last_err[0] ? c->st[i].last_err : "no answer");
+        }
+        if (t >= next_log) {
+            cl_wait_log(c, t - start, deadline_ms - t);
+            next_log = t + K3_CLUSTER_WAIT_LOG_MS;
         }
         double until = t + 50 < deadline_ms ? t + 50 : deadline_ms;
         struct timespec ts;
@@ -1144,6 +1191,23 @@ static k3_status tr_state_open(k3_trunk *t, int max_ctx, void **state, char *err
     if (max_ctx < 1 || max_ctx > K3_MAX_CTX)
         return k3_errf(K3_ERR_LIMIT, err, errlen, "cluster: context %d outside [1, %d]", max_ctx,
                        K3_MAX_CTX);
+    /* the workers said their capacity in HELLO_OK: a context none of them
+     * can hold is refused now, not after a prefill (both numbers named) */
+    pthread_mutex_lock(&c->mu);
+    for (int p = 0; p < c->n && c->ordered; p++) {
+        const cl_stage *s = &c->st[c->order[p]];
+        char lab[512];
+        if (s->info.max_ctx > 0 && (uint32_t)max_ctx > s->info.max_ctx) {
+            pthread_mutex_unlock(&c->mu);
+            return k3_errf(K3_ERR_LIMIT, err, errlen,
+                           "cluster: a context of %d tokens was asked, but %s holds at most %u "
+                           "tokens per session (its --max-ctx): ask for <= %u (--max-ctx, "
+                           "--ngen) or restart the worker with --max-ctx >= %d",
+                           max_ctx, cl_stage_label(s, lab, sizeof lab), s->info.max_ctx,
+                           s->info.max_ctx, max_ctx);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
     cl_sess *x = k3_xcalloc(1, sizeof *x);
     x->max_ctx = max_ctx;
     x->epoch = k3_xcalloc((size_t)c->n, sizeof *x->epoch);

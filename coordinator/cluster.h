@@ -51,6 +51,7 @@ typedef struct k3_cluster k3_cluster;
  * k3_cluster_opts_default and of the coordinator's option rows alike. */
 #define K3_CLUSTER_STEP_TIMEOUT_MS  30000  /* steps pending, no progress this long: stalled */
 #define K3_CLUSTER_READY_TIMEOUT_MS 600000 /* k3_cluster_open waits this long for all */
+#define K3_CLUSTER_WAIT_LOG_MS      5000   /* ... saying who it waits for this often */
 #define K3_CLUSTER_RETRY_LOST_MS    100    /* a lost link registers again after this */
 #define K3_CLUSTER_RETRY_OPEN_MS    1000   /* a socket that could not be set up: retried */
 #define K3_CLUSTER_RETRY_REFUSED_MS 5000   /* a refused registration: retried after this */
@@ -150,6 +151,7 @@ typedef struct k3_cluster_cli {
     char *worker_keys;      /* "ENDPOINT|* KEY" lines */
     char *worker_bin;       /* NULL = k3-worker next to this program */
     k3_cluster_retry retry; /* back-offs and resumes */
+    int ready_timeout_ms;   /* start-up: every worker registered within this */
 } k3_cluster_cli;
 
 // clang-format off
@@ -173,7 +175,13 @@ typedef struct k3_cluster_cli {
     {.name = "worker_bin", .flag = "--worker-bin", .env = "K3_WORKER_BIN",                         \
      .type = K3_OPT_STRING, .offset = offsetof(T, f.worker_bin), .metavar = "PATH",               \
      .help = "k3-worker program for --local workers (default: next to this program)"},            \
-    K3_CLUSTER_OPT_RETRY_ROWS(T, f.retry)
+    K3_CLUSTER_OPT_RETRY_ROWS(T, f.retry),                                                        \
+    {.name = "ready_timeout_ms", .flag = "--ready-timeout-ms", .env = "K3_READY_TIMEOUT_MS",       \
+     .type = K3_OPT_INT, .offset = offsetof(T, f.ready_timeout_ms),                               \
+     .def = K3_OPT_STR(K3_CLUSTER_READY_TIMEOUT_MS), .min = 100, .max = 86400000,                 \
+     .metavar = "MS",                                                                             \
+     .help = "start-up gives up when a worker has not registered within this (a line every 5 s "  \
+             "names whom it waits for)"}
 // clang-format on
 
 /* Copies the command line's trunk settings into co (the strings and the

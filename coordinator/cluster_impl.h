@@ -46,11 +46,14 @@ typedef struct cl_stage {
     double hello_sent_ms, next_try_ms;
     double last_rx_ms, last_tx_ms;
     char last_err[512];
-    cl_req *pending;     /* requests without a reply yet */
-    int n_pending;       /* of which FORWARDs (occupancy counts steps only) */
-    double progress_ms;  /* last sign that pending steps advance (see link_timers) */
-    proto_hello_ok info; /* the last HELLO_OK */
-    pid_t pid;           /* local worker, 0 otherwise */
+    cl_req *pending;            /* requests without a reply yet */
+    int n_pending;              /* of which FORWARDs (occupancy counts steps only) */
+    double progress_ms;         /* last sign that pending steps advance (see link_timers) */
+    proto_hello_ok info;        /* the last HELLO_OK */
+    pid_t pid;                  /* local worker, 0 otherwise */
+    int registered_since_spawn; /* local: a HELLO_OK came since the last start */
+    int restarts;               /* local: times it was restarted after dying */
+    int displaced;              /* another coordinator took the worker: never retried */
     /* statistics */
     uint64_t forwards, tokens, bytes_read, hits, misses, dropped, failures, bad_replies;
     uint64_t tx_bytes, rx_bytes; /* tensor frame bytes of FORWARD / FORWARD_DONE */
@@ -154,9 +157,19 @@ const char *cl_stage_label(const cl_stage *s, char *buf, size_t n);
 /* Wakes the I/O thread (c->mu held or not). */
 void cl_wake(k3_cluster *c);
 
+/* cluster_wait.c: one line per stage not registered yet, naming its
+ * endpoint and layers, how long it has been silent and how long is left
+ * (c->mu held). */
+void cl_wait_log(const k3_cluster *c, double waited_ms, double left_ms);
+
 /* cluster_local.c: start the --local workers (before the I/O thread) and
  * stop them (after it ended). */
 k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen);
 void cl_local_stop(k3_cluster *c);
+/* I/O thread, c->mu held: has local worker i exited? 0 = no (or not a
+ * local worker); 1 = it died after serving and was started again; -1 = it
+ * died before registering (or could not be started again): not restarted.
+ * why says what happened, with the pid and the exit status or signal. */
+int cl_local_reap(k3_cluster *c, int i, char *why, size_t cap);
 
 #endif

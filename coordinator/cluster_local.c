@@ -213,15 +213,11 @@ static void local_argv(const k3_cluster *c, int i, int a, int b, const char *bin
     av->v[av->n] = NULL;
 }
 
-/* --local N: N workers over ipc:// in a private directory, layers split
- * evenly, numerics and model settings copied from the coordinator's. */
-k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
+/* Starts local worker i ([a, b) of the even split) on its endpoint with the
+ * coordinator's settings; s->pid is its pid. */
+static k3_status local_spawn(k3_cluster *c, int i, char *err, size_t errlen) {
     const k3_model_opts *mo = c->o.model;
-    cl_fmt(c->tmpdir, sizeof c->tmpdir, "/tmp/k3c.XXXXXX");
-    if (!mkdtemp(c->tmpdir)) {
-        c->tmpdir[0] = 0;
-        return k3_errf(K3_ERR_IO, err, errlen, "local workers: mkdtemp: %s", strerror(errno));
-    }
+    cl_stage *s = &c->st[i];
     char bin[4096];
     if (c->o.worker_bin)
         cl_fmt(bin, sizeof bin, "%s", c->o.worker_bin);
@@ -235,29 +231,82 @@ k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
     int threads = c->o.worker_threads > 0 ? c->o.worker_threads : mo->threads;
     if (threads < 1) threads = 1;
     char *dirs = join_dirs(mo);
-    k3_status st = K3_OK;
-    for (int i = 0; i < N && !st; i++) {
-        cl_stage *s = &c->st[i];
-        int a = (int)((long)i * L / N), b = (int)((long)(i + 1) * L / N);
-        cl_fmt(s->endpoint, sizeof s->endpoint, "ipc://%s/w%d", c->tmpdir, i);
-        arg_vec av;
-        local_argv(c, i, a, b, bin, threads, dirs, &av);
-        /* settings the worker reads from the environment only */
-        char e[4][64];
-        cl_fmt(e[0], 64, "K3_LAYERS=%d", mo->max_layers);
-        cl_fmt(e[1], 64, "K3_TOPP=%.17g", mo->topp);
-        cl_fmt(e[2], 64, "K3_PIPE=%d", mo->pipe ? 1 : 0);
-        cl_fmt(e[3], 64, "K3_LOAD_THREADS=%d", mo->load_threads);
-        char *env[5] = {e[0], e[1], e[2], e[3], NULL};
-        /* the child has its own copy of av after fork: freed here either way */
-        st = k3_worker_spawn(&s->pid, bin, av.v, env, err, errlen);
-        av_free(&av);
-        if (!st)
-            K3_INFO("cluster: started local worker %d (pid %d) for layers [%d, %d) on %s", i,
-                    (int)s->pid, a, b, s->endpoint);
-    }
+    int a = (int)((long)i * L / N), b = (int)((long)(i + 1) * L / N);
+    cl_fmt(s->endpoint, sizeof s->endpoint, "ipc://%s/w%d", c->tmpdir, i);
+    arg_vec av;
+    local_argv(c, i, a, b, bin, threads, dirs, &av);
+    /* settings the worker reads from the environment only */
+    char e[5][64];
+    cl_fmt(e[0], 64, "K3_LAYERS=%d", mo->max_layers);
+    cl_fmt(e[1], 64, "K3_TOPP=%.17g", mo->topp);
+    cl_fmt(e[2], 64, "K3_PIPE=%d", mo->pipe ? 1 : 0);
+    cl_fmt(e[3], 64, "K3_LOAD_THREADS=%d", mo->load_threads);
+    /* the coordinator's log level as it is now (--log-level, --quiet) */
+    cl_fmt(e[4], 64, "K3_LOG=%s",
+           k3_log_enabled(K3_LOG_DEBUG)  ? "debug"
+           : k3_log_enabled(K3_LOG_INFO) ? "info"
+           : k3_log_enabled(K3_LOG_WARN) ? "warn"
+                                         : "error");
+    char *env[6] = {e[0], e[1], e[2], e[3], e[4], NULL};
+    /* the child has its own copy of av after fork: freed here either way */
+    k3_status st = k3_worker_spawn(&s->pid, bin, av.v, env, err, errlen);
+    av_free(&av);
     free(dirs);
+    s->registered_since_spawn = 0;
+    if (!st)
+        K3_INFO("cluster: started local worker %d (pid %d) for layers [%d, %d) on %s", i,
+                (int)s->pid, a, b, s->endpoint);
     return st;
+}
+
+/* --local N: N workers over ipc:// in a private directory, layers split
+ * evenly, numerics and model settings copied from the coordinator's. */
+k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
+    cl_fmt(c->tmpdir, sizeof c->tmpdir, "/tmp/k3c.XXXXXX");
+    if (!mkdtemp(c->tmpdir)) {
+        c->tmpdir[0] = 0;
+        return k3_errf(K3_ERR_IO, err, errlen, "local workers: mkdtemp: %s", strerror(errno));
+    }
+    k3_status st = K3_OK;
+    for (int i = 0; i < c->n && !st; i++) st = local_spawn(c, i, err, errlen);
+    return st;
+}
+
+/* "killed by signal 9 (Killed)" / "exited with status 3" */
+static void exit_text(int status, char *out, size_t cap) {
+    if (WIFSIGNALED(status))
+        cl_fmt(out, cap, "killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else if (WIFEXITED(status))
+        cl_fmt(out, cap, "exited with status %d", WEXITSTATUS(status));
+    else
+        cl_fmt(out, cap, "ended (wait status 0x%x)", status);
+}
+
+int cl_local_reap(k3_cluster *c, int i, char *why, size_t cap) {
+    cl_stage *s = &c->st[i];
+    int status = 0;
+    if (!s->pid || !k3_worker_exited(s->pid, &status)) return 0;
+    char how[96], err[512];
+    exit_text(status, how, sizeof how);
+    pid_t old = s->pid;
+    s->pid = 0;
+    if (!s->registered_since_spawn) {
+        /* it died before serving again: restarting it would loop */
+        cl_fmt(why, cap,
+               "local worker %d (pid %d) %s before it registered; not restarted (its messages "
+               "are above)",
+               i, (int)old, how);
+        return -1;
+    }
+    s->restarts++;
+    if (local_spawn(c, i, err, sizeof err)) {
+        cl_fmt(why, cap, "local worker %d (pid %d) %s; restarting it failed: %s", i, (int)old, how,
+               err);
+        return -1;
+    }
+    cl_fmt(why, cap, "local worker %d (pid %d) %s; restarted as pid %d (restart %d)", i, (int)old,
+           how, (int)s->pid, s->restarts);
+    return 1;
 }
 
 /* Local workers are stopped after the I/O thread sent them SHUTDOWN:

@@ -290,7 +290,7 @@ static k3_status run_session(k3_engine *e, k3_session *sess, const k3_engine_req
     k3_gen_opts go = {.ngen = req->ngen,
                       .sampler = sampler,
                       .eos = cfg->eos,
-                      .n_eos = cfg->n_eos,
+                      .n_eos = req->ignore_eos ? 0 : cfg->n_eos,
                       .prompt_hooks = req->prompt_hooks,
                       .on_token = req->on_token,
                       .token_ctx = req->token_ctx,

@@ -113,6 +113,7 @@ typedef struct k3_engine_req {
      * ids committed so far (prompt chunks and generated tokens), so the
      * next request on it reuses them. */
     const atomic_int *cancel;
+    int ignore_eos; /* 1: an eos id does not stop the generation (ngen and context still do) */
 } k3_engine_req;
 
 typedef struct k3_engine_result {

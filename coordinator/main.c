@@ -1,7 +1,9 @@
 /* coordinator/main.c: the k3-coordinator program.
  *
- *   k3-coordinator --model DIR [--local N] [--ids 5,7,9 | "prompt"] [--ngen N]
- *                  [--exact] [--chunk C] [--temp T --top-p P --seed S]
+ *   k3-coordinator --model DIR [--local N] [--ids 5,7,9 | "prompt" | - | --file F |
+ *                  --chat "text" [--system S] [--think=0]] [--ngen N] [--stop STR]...
+ *                  [--exact] [--chunk C] [--temp T --top-p P --top-k K --min-p M
+ *                  --repeat-penalty R --seed S] [--ignore-eos]
  *                  [--print-ids] [--all-logits FILE] [--trace FILE]
  *                  [--threads N] [--dirs a,b] [--stats]
  *   k3-coordinator tokenize ...            (coordinator/cmd_tokenize.c)
@@ -24,6 +26,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "coordinator/cli_prompt.h"
+#include "coordinator/cli_stop.h"
 #include "coordinator/cluster.h"
 #include "coordinator/cmd_tokenize.h"
 #include "common/ckpt/config.h"
@@ -37,6 +41,8 @@
 #include "coordinator/generate.h"
 #include "coordinator/keygen.h"
 #include "coordinator/serve.h"
+#include "coordinator/serve_stop.h"
+#include "common/text/chat.h"
 #include "proto/link.h"
 
 /* ---- the option table -------------------------------------------------- */
@@ -56,6 +62,14 @@ typedef struct coord_opts {
     int stats;          /* expert / memory statistics at the end */
     int max_ctx;        /* 0 = prompt + ngen */
     int think;          /* chat mode: open the think channel */
+    char *file;         /* prompt text from this file ("-" = stdin) */
+    char *chat;         /* one chat turn ("-" = stdin) */
+    char *system;       /* its system message */
+    int ignore_eos;     /* eos does not stop */
+    int top_k;          /* 0 = off */
+    double min_p;       /* 0 = off */
+    double repeat_penalty; /* 1 = off */
+    k3_opt_list stops;     /* --stop strings (repeatable) */
     /* cluster (coordinator/cluster.h) */
     k3_cluster_cli cl; /* K3_CLUSTER_OPT_ROWS: --local, --workers, liveness, keys */
     int pipe_chunk;    /* tokens per pipelined micro-chunk, 0 = auto */
@@ -167,11 +181,77 @@ static const k3_opt coord_table[] = {
      .metavar = "N",
      .help = "context capacity in tokens, 0 = prompt + ngen"},
     {.name = "think",
+     .flag = "--think",
      .env = "K3_THINK",
      .type = K3_OPT_BOOL,
      .offset = O(think),
      .def = "1",
-     .help = "chat mode: open the think channel (0 = response only)"},
+     .help = "--chat: open the think channel, reasoning on stderr (0 = response only)"},
+    {.name = "file",
+     .flag = "--file",
+     .short_flag = 'f',
+     .type = K3_OPT_STRING,
+     .offset = O(file),
+     .metavar = "FILE",
+     .help = "prompt text from FILE ('-' = standard input; so is a lone '-' argument)"},
+    {.name = "chat",
+     .flag = "--chat",
+     .type = K3_OPT_STRING,
+     .offset = O(chat),
+     .metavar = "TEXT",
+     .help = "one user turn through the chat template ('-' = standard input); the answer on "
+             "stdout"},
+    {.name = "system",
+     .flag = "--system",
+     .type = K3_OPT_STRING,
+     .offset = O(system),
+     .metavar = "TEXT",
+     .help = "--chat: the system message before the turn"},
+    {.name = "ignore_eos",
+     .flag = "--ignore-eos",
+     .env = "K3_IGNORE_EOS",
+     .type = K3_OPT_BOOL,
+     .offset = O(ignore_eos),
+     .help = "generate --ngen tokens whatever is sampled (eos does not stop)"},
+    {.name = "top_k",
+     .flag = "--top-k",
+     .env = "K3_TOP_K",
+     .type = K3_OPT_INT,
+     .offset = O(top_k),
+     .def = "0",
+     .min = 0,
+     .max = K3_MAX_VOCAB,
+     .metavar = "K",
+     .help = "sample among the K most probable tokens, 0 = off"},
+    {.name = "min_p",
+     .flag = "--min-p",
+     .env = "K3_MIN_P",
+     .type = K3_OPT_DOUBLE,
+     .offset = O(min_p),
+     .def = "0",
+     .min = 0,
+     .max = 1,
+     .metavar = "M",
+     .help = "drop tokens less probable than M x the most probable one, 0 = off"},
+    {.name = "repeat_penalty",
+     .flag = "--repeat-penalty",
+     .env = "K3_REPEAT_PENALTY",
+     .type = K3_OPT_DOUBLE,
+     .offset = O(repeat_penalty),
+     .def = "1",
+     .min = 0,
+     .max = 10,
+     .min_open = 1,
+     .metavar = "R",
+     .help = "divide positive logits (multiply negative ones) of the last 64 generated tokens "
+             "by R, 1 = off"},
+    {.name = "stop",
+     .flag = "--stop",
+     .type = K3_OPT_MULTI,
+     .offset = O(stops),
+     .max = K3_SERVE_MAX_STOPS,
+     .metavar = "STR",
+     .help = "stop when the generated text contains STR (not printed)"},
     K3_ENGINE_OPT_ROWS(coord_opts, eng),
     {.name = "pipe_chunk",
      .flag = "--pipe-chunk",
@@ -203,13 +283,17 @@ static const k3_opt coord_table[] = {
 #define N_COORD_OPTS ((int)(sizeof coord_table / sizeof coord_table[0]))
 
 static const char *usage_text =
-    "usage: k3-coordinator --model DIR [options] [\"prompt\" | --ids 5,7,9]\n"
+    "usage: k3-coordinator --model DIR [options] [\"prompt\" | - | --file F | --ids 5,7,9 |\n"
+    "                      --chat \"text\" [--system S]]\n"
     "       k3-coordinator tokenize [options]    (k3-coordinator tokenize --help)\n"
+    "       k3-coordinator keygen FILE    (CURVE key pair: FILE.key 0600, FILE.pub)\n"
     "       k3-coordinator serve --model DIR [options]    (OpenAI-compatible HTTP API, "
     "docs/SERVING.md)\n"
     "\n"
     "Generates text with Kimi K3. A text prompt is tokenized with the model\n"
-    "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.";
+    "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.\n"
+    "The first SIGINT/SIGTERM stops after the current step and reports; a second\n"
+    "one exits at once. Exit status: 0 done, 1 error, 2 bad usage, 128+N signal N.";
 
 /* ---- output sinks ------------------------------------------------------- */
 
@@ -223,7 +307,48 @@ typedef struct token_sink {
     int n_eos;
     int32_t *ids; /* [cap] generated ids, owned */
     int n, cap;
+    serve_stop stop;      /* --stop strings over the printed text */
+    int n_stops;          /* 0: text passes through */
+    k3_chat_filter *chat; /* --chat: hides the template, reasoning to stderr; owned */
+    int in_reasoning;     /* reasoning text was printed last (a newline ends it) */
+    const char *stopped;  /* the sink asked the engine to stop: why; NULL = it did not */
 } token_sink;
+
+/* Text for stdout, through the --stop matcher: what precedes a stop string
+ * is printed, the rest is not, and the generation stops after this step. */
+static void sink_text(token_sink *s, const char *txt, size_t len, int flush) {
+    if (!s->n_stops) {
+        if (len) fwrite(txt, 1, len, stdout);
+        return;
+    }
+    const char *o = NULL;
+    size_t olen = 0;
+    int hit = serve_stop_push(&s->stop, txt, len, flush, &o, &olen);
+    if (olen) fwrite(o, 1, olen, stdout);
+    if (hit && !s->stopped) {
+        s->stopped = "stop string";
+        k3_cli_stop_request();
+    }
+}
+
+/* --chat: one id through the chat filter; reasoning goes to stderr. */
+static void sink_chat(token_sink *s, int32_t id) {
+    k3_chat_delta d;
+    k3_chat_filter_push(s->chat, id, &d);
+    if (d.reasoning_len) {
+        fwrite(d.reasoning, 1, d.reasoning_len, stderr);
+        s->in_reasoning = 1;
+    }
+    if (d.content_len && s->in_reasoning) {
+        fputc('\n', stderr);
+        s->in_reasoning = 0;
+    }
+    if (d.content_len) sink_text(s, d.content, d.content_len, 0);
+    if (d.done && !s->stopped) {
+        s->stopped = "end of turn";
+        k3_cli_stop_request();
+    }
+}
 
 /* The request's on_token, for every sampled id before it is fed back: the
  * text is on stdout (flushed) as soon as the token exists. */
@@ -234,14 +359,21 @@ static void sink_token(void *ctx, int32_t id) {
         s->ids = k3_xrealloc(s->ids, (size_t)s->cap * sizeof *s->ids);
     }
     s->ids[s->n++] = id;
+    if (s->chat) {
+        sink_chat(s, id);
+        fflush(stdout);
+        return;
+    }
     for (int i = 0; i < s->n_eos; i++)
         if (s->eos[i] == id) return; /* the stop token is reported by --print-ids, not printed */
     if (s->tok) {
         size_t len = 0;
         const char *txt = k3_tok_stream_push(s->tok, &s->stream, id, &len);
-        if (len) fwrite(txt, 1, len, stdout);
+        sink_text(s, txt, len, 0);
     } else {
-        printf("%d ", (int)id);
+        char num[16];
+        int len = snprintf(num, sizeof num, "%d ", (int)id);
+        sink_text(s, num, (size_t)len, 0);
     }
     fflush(stdout);
 }
@@ -306,9 +438,10 @@ typedef struct cli_sinks {
 
 /* Opens the output files (before the run, so a bad path fails in
  * milliseconds, not after a long prefill) and points req's callbacks at
- * the sinks. */
-static k3_status sinks_open(const coord_opts *o, k3_engine *e, int n_prompt, cli_sinks *s,
-                            k3_engine_req *req, char *err, size_t errlen) {
+ * the sinks. chat_channel: -1 = plain text, else the k3_chat_channel the
+ * --chat generation starts in. */
+static k3_status sinks_open(const coord_opts *o, k3_engine *e, int n_prompt, int chat_channel,
+                            cli_sinks *s, k3_engine_req *req, char *err, size_t errlen) {
     const k3_config *cfg = k3_engine_config(e);
     if (o->all_logits) {
         s->logits.path = o->all_logits;
@@ -331,7 +464,18 @@ static k3_status sinks_open(const coord_opts *o, k3_engine *e, int n_prompt, cli
     }
     s->tok.tok = k3_engine_tok(e);
     s->tok.eos = cfg->eos;
-    s->tok.n_eos = cfg->n_eos;
+    s->tok.n_eos = o->ignore_eos ? 0 : cfg->n_eos;
+    if (o->stops.n) {
+        serve_stop_init(&s->tok.stop, (const char *const *)o->stops.items, o->stops.n);
+        s->tok.n_stops = o->stops.n;
+    }
+    if (chat_channel >= 0) {
+        k3_chat_filter_opts fo = {.start = (k3_chat_channel)chat_channel,
+                                  .stop_ids = cfg->eos,
+                                  .n_stop_ids = o->ignore_eos ? 0 : cfg->n_eos};
+        k3_status st = k3_chat_filter_open(&s->tok.chat, s->tok.tok, &fo, err, errlen);
+        if (st) return st;
+    }
     req->on_token = sink_token;
     req->token_ctx = &s->tok;
     return K3_OK;
@@ -341,10 +485,17 @@ static k3_status sinks_open(const coord_opts *o, k3_engine *e, int n_prompt, cli
  * (with any held back partial UTF-8 as U+FFFD) and the ids line, so a
  * failure mid-generation still shows what was generated. */
 static void sinks_print(const coord_opts *o, cli_sinks *s) {
-    if (s->tok.tok) {
+    if (s->tok.chat) {
+        k3_chat_delta d;
+        k3_chat_filter_finish(s->tok.chat, &d);
+        if (d.reasoning_len) fwrite(d.reasoning, 1, d.reasoning_len, stderr);
+        sink_text(&s->tok, d.content, d.content_len, 1);
+    } else if (s->tok.tok) {
         size_t len = 0;
         const char *tail = k3_tok_stream_flush(&s->tok.stream, &len);
-        if (len) fwrite(tail, 1, len, stdout);
+        sink_text(&s->tok, tail, len, 1);
+    } else {
+        sink_text(&s->tok, "", 0, 1);
     }
     if (s->tok.n > 0 || o->print_ids) printf("\n");
     if (o->print_ids) {
@@ -380,6 +531,8 @@ static void sinks_free(cli_sinks *s) {
     if (s->logits.f) fclose(s->logits.f);
     if (s->trace.fd >= 0) close(s->trace.fd);
     k3_tok_stream_reset(&s->tok.stream);
+    if (s->tok.n_stops) serve_stop_free(&s->tok.stop);
+    k3_chat_filter_close(&s->tok.chat);
     free(s->tok.ids);
 }
 
@@ -454,10 +607,15 @@ static int parse_cli(int argc, char **argv, coord_opts *o, k3_opt_src *src, char
     if (!st && *n_pos > 1)
         st = k3_errf(K3_ERR_ARG, err, sizeof err,
                      "unexpected argument '%s': give one prompt (quote it)", pos[1]);
-    if (!st && *n_pos == 1 && o->ids)
-        st = k3_errf(K3_ERR_ARG, err, sizeof err, "give a prompt or --ids, not both");
-    if (!st && *n_pos == 0 && !o->ids)
-        st = k3_errf(K3_ERR_ARG, err, sizeof err, "no prompt: give a prompt text or --ids");
+    int sources = (*n_pos == 1) + (o->ids != NULL) + (o->file != NULL) + (o->chat != NULL);
+    if (!st && sources > 1)
+        st = k3_errf(K3_ERR_ARG, err, sizeof err,
+                     "give one prompt: a text (or '-'), --file, --ids or --chat");
+    if (!st && sources == 0)
+        st = k3_errf(K3_ERR_ARG, err, sizeof err,
+                     "no prompt: give a prompt text, '-' (stdin), --file, --ids or --chat");
+    if (!st && o->system && !o->chat)
+        st = k3_errf(K3_ERR_ARG, err, sizeof err, "--system goes with --chat");
     /* --exact means all-f32; an explicit conflicting flag is a mistake */
     if (!st) st = k3_engine_opts_resolve(&o->eng, coord_table, N_COORD_OPTS, src, err, sizeof err);
     if (!st && o->ids) st = parse_ids(o->ids, ids, n_ids, err, sizeof err);
@@ -504,7 +662,7 @@ static int check_head(const coord_opts *o, k3_engine *e) {
 /* Prefill speed counts the tokens actually prefilled; decode speed the
  * forward steps after the first sampled token (the first token's cost is
  * the prefill's). --stats is printed whatever the log level. */
-static void report(const coord_opts *o, k3_engine *e, const k3_engine_result *er) {
+static void report(const coord_opts *o, k3_engine *e, const k3_engine_result *er, const char *why) {
     const k3_gen_result *res = &er->gen;
     if (res->n_prefilled > 0)
         K3_INFO("prefill: %d tokens in %.1f ms (%.1f tok/s)", res->n_prefilled, res->prefill_ms,
@@ -513,7 +671,7 @@ static void report(const coord_opts *o, k3_engine *e, const k3_engine_result *er
         K3_INFO("decode: %d tokens in %.1f ms (%.2f ms/token, %.2f tok/s)", res->n_decode_steps,
                 res->decode_ms, res->decode_ms / res->n_decode_steps,
                 res->decode_ms > 0 ? res->n_decode_steps * 1000.0 / res->decode_ms : 0.0);
-    K3_INFO("generated %d tokens, stop: %s", res->n_gen, stop_name(res->stop));
+    K3_INFO("generated %d tokens, stop: %s", res->n_gen, why ? why : stop_name(res->stop));
     if (o->stats) k3_engine_print_stats(e, er, stderr);
 }
 
@@ -536,9 +694,13 @@ int main(int argc, char **argv) {
     k3_engine_open_opts eo;
     k3_engine_result res;
     k3_status st;
+    char *text = NULL; /* --file / stdin / --chat - text, owned */
+    size_t text_len = 0;
+    int chat_channel = -1; /* --chat: the channel the answer starts in */
 
     int rc = parse_cli(argc, argv, &o, src, pos, &n_pos, &prompt, &n_prompt);
     if (rc >= 0) goto done;
+    const atomic_int *cancel = k3_cli_stop_install();
     engine_settings(&o, src, &eo);
     if ((st = k3_engine_open(&eng, &eo, err, sizeof err))) goto fail;
     if ((rc = check_head(&o, eng))) goto done;
@@ -550,20 +712,53 @@ int main(int argc, char **argv) {
                      o.eng.model);
         goto fail;
     }
-    if (!prompt && (st = k3_engine_encode(eng, pos[0], strlen(pos[0]), 1, &prompt, &n_prompt, err,
-                                          sizeof err)))
+    /* the text: an argument, '-' or --file (stdin or a file), or --chat */
+    const char *src_path = o.file ? o.file : n_pos == 1 && !strcmp(pos[0], "-") ? "-" : NULL;
+    if (o.chat && !strcmp(o.chat, "-")) src_path = "-";
+    if (!prompt && src_path && (st = k3_cli_read_text(src_path, &text, &text_len, err, sizeof err)))
+        goto fail;
+    if (!prompt && o.chat) {
+        int think_first = 0;
+        st = k3_cli_chat_ids(k3_engine_tok(eng), o.system, text ? text : o.chat, o.think, &prompt,
+                             &n_prompt, &think_first, err, sizeof err);
+        if (st) goto fail;
+        chat_channel = think_first ? K3_CHAT_CH_THINK : K3_CHAT_CH_RESPONSE;
+    }
+    if (!prompt &&
+        (st = k3_engine_encode(eng, text ? text : pos[0], text ? text_len : strlen(pos[0]), 1,
+                               &prompt, &n_prompt, err, sizeof err)))
         goto fail;
     k3_engine_req req = {.session_id = 0,
                          .prompt = prompt,
                          .n_prompt = n_prompt,
                          .ngen = o.ngen,
                          .max_ctx = o.max_ctx,
-                         .sampling = {.temp = o.temp, .top_p = o.top_p, .seed = (uint64_t)o.seed}};
-    if ((st = sinks_open(&o, eng, n_prompt, &sinks, &req, err, sizeof err))) goto fail;
+                         .sampling = {.temp = o.temp,
+                                      .top_p = o.top_p,
+                                      .seed = (uint64_t)o.seed,
+                                      .top_k = o.top_k,
+                                      .min_p = o.min_p,
+                                      .repeat_penalty = o.repeat_penalty},
+                         .ignore_eos = o.ignore_eos};
+    if ((st = sinks_open(&o, eng, n_prompt, chat_channel, &sinks, &req, err, sizeof err)))
+        goto fail;
+    req.cancel = cancel;
     st = k3_engine_generate(eng, &req, &res, err, sizeof err);
     sinks_print(&o, &sinks);
+    if (st == K3_ERR_CANCEL && k3_cli_stop_signal()) {
+        /* a graceful stop: what ran is reported, the engine closes below
+         * (usage history saved, workers stopped, ipc directory removed) */
+        int sig = k3_cli_stop_signal();
+        sinks_close(&sinks, err, sizeof err);
+        report(&o, eng, &res, "interrupted");
+        K3_WARN("stopped by signal %d (%s) after %d generated tokens", sig, strsignal(sig),
+                res.gen.n_gen);
+        rc = 128 + sig;
+        goto done;
+    }
+    if (st == K3_ERR_CANCEL && sinks.tok.stopped) st = K3_OK; /* --stop, end of the turn */
     if (st || (st = sinks_close(&sinks, err, sizeof err))) goto fail;
-    report(&o, eng, &res);
+    report(&o, eng, &res, sinks.tok.stopped);
     rc = 0;
     goto done;
 
@@ -574,6 +769,7 @@ done:
     sinks_free(&sinks);
     k3_engine_close(&eng);
     free(prompt);
+    free(text);
     free(pos);
     k3_opts_free(coord_table, N_COORD_OPTS, &o);
     return rc;

@@ -19,9 +19,12 @@
 struct k3_sampler {
     k3_sampler_opts opts;
     int vocab;
-    uint64_t rng[4]; /* xoshiro256** state, never all zero */
-    double *prob;    /* [vocab] softmax probabilities, owned */
-    int32_t *cand;   /* [vocab] candidate indices for the nucleus, owned */
+    uint64_t rng[4];                       /* xoshiro256** state, never all zero */
+    double *prob;                          /* [vocab] softmax probabilities, owned */
+    int32_t *cand;                         /* [vocab] candidate indices for the nucleus, owned */
+    float *adj;                            /* [vocab] penalised logits (repeat penalty), owned */
+    int32_t last[K3_SAMPLER_PENALTY_LAST]; /* ring of the last sampled ids */
+    int n_last;                            /* ids sampled so far (ring index: % LAST) */
 };
 
 /* ---- PRNG ------------------------------------------------------------- */
@@ -59,6 +62,14 @@ k3_status k3_sampler_check_opts(const k3_sampler_opts *o, char *err, size_t errl
         return k3_errf(K3_ERR_ARG, err, errlen, "temperature %g: must be finite and >= 0", o->temp);
     if (!(o->top_p > 0 && o->top_p <= 1))
         return k3_errf(K3_ERR_ARG, err, errlen, "top-p %g: must be in (0, 1]", o->top_p);
+    if (o->top_k < 0 || o->top_k > K3_MAX_VOCAB)
+        return k3_errf(K3_ERR_ARG, err, errlen, "top-k %d: must be in 0..%d (0 = off)", o->top_k,
+                       K3_MAX_VOCAB);
+    if (!(o->min_p >= 0 && o->min_p <= 1))
+        return k3_errf(K3_ERR_ARG, err, errlen, "min-p %g: must be in [0, 1] (0 = off)", o->min_p);
+    if (!(o->repeat_penalty >= 0 && o->repeat_penalty <= 10))
+        return k3_errf(K3_ERR_ARG, err, errlen,
+                       "repeat penalty %g: must be in (0, 10] (0 or 1 = off)", o->repeat_penalty);
     return K3_OK;
 }
 
@@ -78,6 +89,8 @@ k3_status k3_sampler_open(k3_sampler **out, const k3_sampler_opts *opts, int voc
         s->rng[i] = splitmix64(&x); /* splitmix never yields four zeros in a row */
     s->prob = k3_xmalloc((size_t)vocab * sizeof *s->prob);
     s->cand = k3_xmalloc((size_t)vocab * sizeof *s->cand);
+    if (opts->repeat_penalty > 0 && opts->repeat_penalty != 1)
+        s->adj = k3_xmalloc((size_t)vocab * sizeof *s->adj);
     *out = s;
     return K3_OK;
 }
@@ -86,6 +99,7 @@ void k3_sampler_close(k3_sampler **s) {
     if (!s || !*s) return;
     free((*s)->prob);
     free((*s)->cand);
+    free((*s)->adj);
     free(*s);
     *s = NULL;
 }
@@ -112,6 +126,53 @@ static int cmp_cand(const void *a, const void *b) {
     return i < j ? -1 : (i > j);
 }
 
+/* min-p, top-k and top-p over s->prob (softmax done): candidates sorted by
+ * probability descending, index ascending, cut by each filter in turn; one
+ * draw r walks the survivors' mass. */
+static int32_t sample_filtered(k3_sampler *s, int best, double r) {
+    int n = s->vocab, nc = 0;
+    double floor_p = s->opts.min_p * s->prob[best];
+    for (int i = 0; i < n; i++)
+        if (s->prob[i] >= floor_p) s->cand[nc++] = i;
+    cmp_prob = s->prob;
+    qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_cand);
+    if (s->opts.top_k > 0 && nc > s->opts.top_k) nc = s->opts.top_k;
+    double left = 0; /* the mass that survived min-p and top-k */
+    for (int k = 0; k < nc; k++) left += s->prob[s->cand[k]];
+    double mass = 0;
+    int last = nc - 1;
+    for (int k = 0; k < nc; k++) {
+        mass += s->prob[s->cand[k]];
+        if (mass >= s->opts.top_p * left) {
+            last = k;
+            break;
+        }
+    }
+    double target = r * mass, acc = 0;
+    for (int k = 0; k <= last; k++) {
+        acc += s->prob[s->cand[k]];
+        if (target < acc) return s->cand[k];
+    }
+    return s->cand[last];
+}
+
+/* The repeat penalty on a copy of the logits (the caller's stay as they are). */
+static const float *penalise(k3_sampler *s, const float *logits) {
+    double pen = s->opts.repeat_penalty;
+    if (!s->adj || s->n_last == 0) return logits;
+    memcpy(s->adj, logits, (size_t)s->vocab * sizeof *s->adj);
+    int n = s->n_last < K3_SAMPLER_PENALTY_LAST ? s->n_last : K3_SAMPLER_PENALTY_LAST;
+    for (int k = 0; k < n; k++) {
+        int32_t id = s->last[k];
+        float l = logits[id]; /* from the original: an id seen twice is penalised once */
+        s->adj[id] = l > 0 ? (float)((double)l / pen) : (float)((double)l * pen);
+    }
+    return s->adj;
+}
+
+static k3_status sample_core(k3_sampler *s, const float *logits, int32_t *id, char *err,
+                             size_t errlen);
+
 k3_status k3_sampler_sample(k3_sampler *s, const float *logits, int32_t *id, char *err,
                             size_t errlen) {
     int n = s->vocab;
@@ -119,6 +180,15 @@ k3_status k3_sampler_sample(k3_sampler *s, const float *logits, int32_t *id, cha
         if (!isfinite(logits[i]))
             return k3_errf(K3_ERR_ARG, err, errlen, "sampler: logit %d is %g (not finite)", i,
                            (double)logits[i]);
+    k3_status st = sample_core(s, penalise(s, logits), id, err, errlen);
+    if (!st) s->last[s->n_last++ % K3_SAMPLER_PENALTY_LAST] = *id;
+    return st;
+}
+
+static k3_status sample_core(k3_sampler *s, const float *logits, int32_t *id, char *err,
+                             size_t errlen) {
+    (void)err, (void)errlen;
+    int n = s->vocab;
     int best = k3_sampler_argmax(logits, n);
     if (s->opts.temp == 0) {
         *id = best;
@@ -134,6 +204,10 @@ k3_status k3_sampler_sample(k3_sampler *s, const float *logits, int32_t *id, cha
     for (int i = 0; i < n; i++) s->prob[i] /= sum;
 
     double r = k3_sampler_next_unit(s);
+    if (s->opts.top_k > 0 || s->opts.min_p > 0) {
+        *id = sample_filtered(s, best, r);
+        return K3_OK;
+    }
     if (s->opts.top_p >= 1) {
         /* whole distribution: walk in index order */
         double acc = 0, target = r;

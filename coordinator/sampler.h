@@ -7,6 +7,11 @@
  * Borrows: the logits passed to each call.
  * Threads: one sampler per session; a sampler is not shared between threads.
  *
+ * Order: repeat penalty on the logits, then (temp > 0) softmax at T, min-p,
+ * top-k (by probability, ties to the lower index), then top-p over the mass
+ * that is left; one draw walks the survivors. Every order is total, so the
+ * ids depend only on the logits, the options and the seed.
+ *
  * temp = 0 is greedy and draws no random numbers. Logits must be finite: the
  * generation loop checks that before calling (a NaN here is reported as an
  * error, never silently sampled).
@@ -23,7 +28,17 @@ typedef struct k3_sampler_opts {
     double temp;   /* >= 0, finite; 0 = greedy */
     double top_p;  /* (0, 1]; 1 = the whole distribution */
     uint64_t seed; /* PRNG seed; same seed + same logits = same ids */
+    /* Optional filters (0 = off, so a zeroed struct samples as before): */
+    int top_k;             /* keep the k most probable ids, 0..K3_MAX_VOCAB */
+    double min_p;          /* drop ids below min_p x the most probable one's p, [0, 1] */
+    double repeat_penalty; /* ids among the last K3_SAMPLER_PENALTY_LAST sampled ones get
+                              l / penalty (l > 0) or l x penalty (l <= 0) before anything
+                              else, greedy included; 0 or 1 = off, else (0, 10] */
 } k3_sampler_opts;
+
+/* The repeat penalty looks back this many sampled ids (the sampler's own
+ * output: it never sees the prompt). */
+#define K3_SAMPLER_PENALTY_LAST 64
 
 typedef struct k3_sampler k3_sampler;
 

@@ -7,9 +7,11 @@
  * (heartbeat, back-offs, resumes), whose defaults must be
  * k3_cluster_opts_default's. */
 #include <stdarg.h>
+#include <sys/stat.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/base/log.h"
 #include "common/base/opts.h"
@@ -252,10 +254,42 @@ int main(void) {
     k3_model_opts_default(&mo);
     int threads_default = mo.threads;
     k3_engine_opts_model(&o.eng, &mo, usage, sizeof usage);
-    CHECK(st == K3_OK && mo.usage_path == usage && !strcmp(usage, "/m/.k3_usage") &&
+    CHECK(st == K3_OK && mo.usage_path == NULL && !strcmp(usage, "off") &&
               mo.threads == threads_default,
-          "no --usage: <model>/.k3_usage ('%s'); --threads 0 keeps the default %d", usage,
-          mo.threads);
+          "no --usage and no readable model: no history ('%s'), never <model>/.k3_usage; "
+          "--threads 0 keeps the default %d",
+          usage, mo.threads);
+    k3_opts_free(table, N_TABLE, &o);
+    /* the default is the cache's, named by the model fingerprint */
+    {
+        char cache[64] = "/tmp/reliability_cache.XXXXXX", want[256];
+        const char *tiny = getenv("TINY") ? getenv("TINY") : "build/fixtures/tiny";
+        if (mkdtemp(cache)) {
+            setenv("XDG_CACHE_HOME", cache, 1);
+            st = parse(&o, err, "--model", tiny, NULL);
+            k3_model_opts_default(&mo);
+            k3_engine_opts_model(&o.eng, &mo, usage, sizeof usage);
+            snprintf(want, sizeof want, "%s/k3shard/", cache);
+            size_t n = strlen(want);
+            struct stat sb;
+            char dir[300];
+            snprintf(dir, sizeof dir, "%.*s", (int)(strlen(usage) > 6 ? strlen(usage) - 6 : 0),
+                     usage);
+            CHECK(st == K3_OK && mo.usage_path == usage && !strncmp(usage, want, n) &&
+                      strlen(usage) == n + 16 + 6 && !strcmp(usage + n + 16, "/usage") &&
+                      stat(dir, &sb) == 0 && (sb.st_mode & 0777) == 0700,
+                  "no --usage: $XDG_CACHE_HOME/k3shard/<16 hex fingerprint>/usage, directory "
+                  "0700 ('%s')",
+                  usage);
+            unsetenv("XDG_CACHE_HOME");
+            rmdir(dir);
+            snprintf(dir, sizeof dir, "%s/k3shard", cache);
+            rmdir(dir);
+            rmdir(cache);
+        } else {
+            CHECK(0, "mkdtemp for the cache directory");
+        }
+    }
     k3_opts_free(table, N_TABLE, &o);
 
     /* ranges are the one definition's */

@@ -147,8 +147,8 @@ static const k3_opt table[] = {
      .env = "K3_WORKER_FAULT",
      .type = K3_OPT_STRING,
      .offset = O(fault),
-     .help = "tests only: 'stall=N' stalls the N-th FORWARD forever, 'nozap' skips the ZAP "
-             "handler"},
+     .help = "tests only: 'stall=N' stalls the N-th FORWARD forever, 'slow=MS' makes every "
+             "FORWARD take MS longer, 'nozap' skips the ZAP handler"},
     {.name = "verbose",
      .flag = "--verbose",
      .short_flag = 'v',
@@ -196,6 +196,8 @@ static int parse_fault(const char *s, wk_opts *w) {
             w->zap_off = 1;
         else if (!strncmp(tok, "stall=", 6) && atoi(tok + 6) > 0)
             w->fault_stall_at = atoi(tok + 6);
+        else if (!strncmp(tok, "slow=", 5) && atoi(tok + 5) > 0 && atoi(tok + 5) <= 60000)
+            w->fault_slow_ms = atoi(tok + 5);
         else
             return -1;
     }
@@ -217,7 +219,8 @@ static int check_opts(const wopts *o, int *a, int *b, wk_opts *w) {
         return 2;
     }
     if (parse_fault(o->fault, w)) {
-        fprintf(stderr, "k3-worker: K3_WORKER_FAULT='%s': expected stall=N or nozap\n", o->fault);
+        fprintf(stderr, "k3-worker: K3_WORKER_FAULT='%s': expected stall=N, slow=MS or nozap\n",
+                o->fault);
         return 2;
     }
     w->curve = o->curve_secret != NULL;
@@ -377,6 +380,11 @@ static int run(const wopts *o) {
     char usage_path[4200];
     k3_model *m = NULL;
     rc = load_keys(o, &w, &allow);
+    char perr[512];
+    if (!rc && wk_probe_bind(o->listen, perr, sizeof perr)) {
+        fprintf(stderr, "k3-worker: %s\n", perr);
+        rc = 1;
+    }
     if (!rc) {
         pin_numa(o, a);
         rc = open_layers(o, a, b, &mo, usage_path, sizeof usage_path, &w, &m);

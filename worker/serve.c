@@ -65,8 +65,9 @@ typedef struct wk {
     float *h;      /* [cap_T][D] */
     int cap_T;
 
-    proto_stats_ok stats; /* cumulative (STATS_OK) */
-    uint64_t n_started;   /* FORWARDs started (fault hook) */
+    proto_stats_ok stats;   /* cumulative (STATS_OK) */
+    wk_ratelimit_state bad; /* malformed-message log lines */
+    uint64_t n_started;     /* FORWARDs started (fault hook) */
 } wk;
 
 /* ---- sending ---- */
@@ -171,6 +172,30 @@ static void queue_remove(wk *w, uint64_t req_id, uint64_t sess, int all, const c
 
 /* ---- control messages (acted on at once) ---- */
 
+static int wk_peer_eq(const proto_peer *a, const proto_peer *b) {
+    return a->len == b->len && !memcmp(a->id, b->id, a->len);
+}
+
+/* A HELLO of a new epoch from another peer takes the worker over (a
+ * restarted coordinator must not wait for its old life to time out). The
+ * coordinator it displaces is told at once, naming the newcomer, instead
+ * of finding its steps unanswered (PROTOCOL.md "Displacement"). */
+static void wk_displaced(wk *w, const wk_req *r) {
+    char who[96] = "", msg[200];
+    for (size_t i = 0; i < r->fr.from.len && i < 8; i++)
+        snprintf(who + 2 * i, sizeof who - 2 * i, "%02x", r->fr.from.id[i]);
+    snprintf(msg, sizeof msg,
+             "displaced: another coordinator (peer %s, build '%.40s') registered with epoch %llx; "
+             "this worker now serves it",
+             who, r->msg.u.hello.build, (unsigned long long)r->msg.epoch);
+    K3_WARN("%s: %s", w->o->name, msg);
+    proto_msg e;
+    proto_msg_init(&e, PROTO_MSG_ERROR, 0, w->epoch);
+    e.u.error.code = K3_ERR_STATE;
+    wk_clean_msg(e.u.error.msg, sizeof e.u.error.msg, msg);
+    wk_send(w, &w->coord, &e, NULL, NULL, 0);
+}
+
 static void on_hello(wk *w, wk_req *r) {
     const proto_hello *h = &r->msg.u.hello;
     char err[512];
@@ -179,9 +204,19 @@ static void on_hello(wk *w, wk_req *r) {
         proto_check_compat(h->fingerprint, &h->num, w->o->fingerprint, &w->o->num, err, sizeof err);
     if (st) {
         K3_WARN("%s: HELLO refused (coordinator build '%s'): %s", w->o->name, h->build, err);
+        /* the peer is not registered: it is not told this worker's
+         * fingerprint (the log has it), only that it differs */
+        if (h->fingerprint != w->o->fingerprint)
+            snprintf(err, sizeof err,
+                     "model fingerprint mismatch: this worker serves another model or other "
+                     "shard settings (its log names both fingerprints)");
         wk_send_error(w, &r->fr.from, &r->msg, st, err);
         return;
     }
+    /* the high 32 bits of an epoch are one coordinator's life (cluster.c
+     * new_epoch): a change there is another coordinator, not a re-registration */
+    if (w->epoch && (r->msg.epoch >> 32) != (w->epoch >> 32) && !wk_peer_eq(&r->fr.from, &w->coord))
+        wk_displaced(w, r);
     if (r->msg.epoch != w->epoch) {
         /* a new life of the link: nothing of the old epoch survives */
         queue_remove(w, 0, 0, 1, NULL);
@@ -253,6 +288,12 @@ static int check_epoch(wk *w, wk_req *r) {
         wk_send_error(w, &r->fr.from, &r->msg, K3_ERR_STATE, "not registered: send HELLO first");
         return 0;
     }
+    if (!wk_peer_eq(&r->fr.from, &w->coord)) {
+        /* another peer: it learns neither the epoch nor who is registered */
+        wk_send_error(w, &r->fr.from, &r->msg, K3_ERR_AUTH,
+                      "not the registered coordinator: send HELLO first");
+        return 0;
+    }
     if (r->msg.epoch != w->epoch) {
         snprintf(msg, sizeof msg, "stale epoch %llx (current %llx)",
                  (unsigned long long)r->msg.epoch, (unsigned long long)w->epoch);
@@ -298,13 +339,15 @@ static void dispatch(wk *w, wk_req *r) {
     case PROTO_MSG_ERROR:
         /* never answered (two peers must not bounce errors) */
         w->stats.proto_errors++;
-        K3_WARN("%s: ERROR from a peer ignored: %s", w->o->name, r->msg.u.error.msg);
+        if (wk_ratelimit(&w->bad, k3_now_ms()))
+            K3_WARN("%s: ERROR from a peer ignored: %s", w->o->name, r->msg.u.error.msg);
         break;
     default:
         w->stats.proto_errors++;
         snprintf(msg, sizeof msg, "%s is a reply; a worker accepts only requests",
                  proto_type_name(r->msg.type));
-        K3_WARN("%s: rejected message: %s", w->o->name, msg);
+        if (wk_ratelimit(&w->bad, k3_now_ms()))
+            K3_WARN("%s: rejected message: %s", w->o->name, msg);
         wk_send_error(w, &r->fr.from, &r->msg, K3_ERR_PROTO, msg);
         break;
     }
@@ -331,8 +374,9 @@ static void wk_drain(wk *w) {
         }
         /* one whole message was consumed and rejected */
         w->stats.proto_errors++;
-        K3_WARN("%s: rejected a malformed %s message: %s", w->o->name, proto_type_name(r->msg.type),
-                err);
+        if (wk_ratelimit(&w->bad, k3_now_ms()))
+            K3_WARN("%s: rejected a malformed %s message: %s", w->o->name,
+                    proto_type_name(r->msg.type), err);
         if (r->fr.from.len && r->msg.type != PROTO_MSG_ERROR)
             wk_send_error(w, &r->fr.from, &r->msg, st, err);
         req_free(r);
@@ -418,6 +462,7 @@ static void do_forward(wk *w, wk_req *r) {
     w->n_started++;
     k3_stage_set_cancel(state, &w->cancel);
     if (w->o->fault_stall_at && w->n_started == (uint64_t)w->o->fault_stall_at) wk_fault_stall(w);
+    if (w->o->fault_slow_ms) usleep((useconds_t)w->o->fault_slow_ms * 1000u); /* kill -9 tests */
     int nb = (int)f->n_blocks;
     k3_step_stats ss;
     memset(&ss, 0, sizeof ss);
@@ -513,9 +558,14 @@ static k3_status wk_open_socket(wk *w, char *err, size_t errlen) {
     if (!w->sock)
         return k3_errf(K3_ERR_IO, err, errlen, "zmq_socket(ROUTER): %s", zmq_strerror(zmq_errno()));
     st = k3_link_sockopts_apply(w->sock, &o->sock, err, errlen);
+    if (!st)
+        st = wk_socket_budget(w->sock, wk_max_frame_bytes(w->nb_in, o->max_chunk, w->cfg->hidden),
+                              err, errlen);
     if (!st && o->curve) st = k3_link_curve_server(w->sock, &o->kp, err, errlen);
     if (st) return st;
-    if (zmq_bind(w->sock, o->listen) != 0)
+    char ep[K3_MAX_ENDPOINT + 16];
+    wk_bind_endpoint(o->listen, ep, sizeof ep);
+    if (zmq_bind(w->sock, ep) != 0)
         return k3_errf(K3_ERR_IO, err, errlen, "bind %s: %s", o->listen, zmq_strerror(zmq_errno()));
     return K3_OK;
 }

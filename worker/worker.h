@@ -45,8 +45,47 @@ typedef struct wk_opts {
     int max_chunk;                /* largest T accepted */
     double read_gbps;             /* measured drive rate, 0 = not measured */
     char name[K3_PROTO_MAX_NAME]; /* for logs and the coordinator's errors */
+    int fault_slow_ms;            /* tests only: every FORWARD sleeps this long first, 0 = off */
     int fault_stall_at;           /* tests only: the N-th FORWARD stalls forever (T3), 0 = off */
 } wk_opts;
+
+/* ---- peer budgets and log rate (worker/budget.c) ---- */
+
+/* Whole messages libzmq queues per peer connection before it stops reading
+ * from it (TCP back-pressure): the coordinator keeps a few steps per
+ * session in flight and the worker drains the socket between layers. */
+#define WK_PEER_RCVHWM 64
+/* Malformed-message lines: WK_LOG_BURST per WK_LOG_WINDOW_MS, then one
+ * line with the count of those not logged. */
+#define WK_LOG_BURST     10
+#define WK_LOG_WINDOW_MS 10000.0
+
+/* The largest frame this worker accepts, bytes: [max(nb_in, 1)][max_chunk]
+ * [hidden] f32, at least the envelope's PROTO_ENCODE_CAP, at most
+ * K3_PROTO_MAX_FRAME_BYTES. */
+uint64_t wk_max_frame_bytes(int nb_in, int max_chunk, int hidden);
+/* ZMQ_MAXMSGSIZE = max_frame and ZMQ_RCVHWM = WK_PEER_RCVHWM on sock
+ * (before bind). */
+k3_status wk_socket_budget(void *sock, uint64_t max_frame, char *err, size_t errlen);
+
+/* The endpoint to hand zmq_bind: "tcp://localhost:P" becomes
+ * "tcp://127.0.0.1:P", anything else is copied. */
+void wk_bind_endpoint(const char *ep, char *out, size_t cap);
+/* Binds listen on a throw-away socket and closes it: a worker reports an
+ * address in use (or a bad interface) before a load of minutes. The real
+ * socket binds after the load (another process could take the address in
+ * between; that is then reported as before). */
+k3_status wk_probe_bind(const char *listen, char *err, size_t errlen);
+
+typedef struct wk_ratelimit_state {
+    double window_ms;    /* start of the current window */
+    int in_window;       /* lines logged in it */
+    uint64_t suppressed; /* not logged in it */
+    uint64_t total;      /* events ever */
+} wk_ratelimit_state;
+/* Counts one event at now_ms; 1 = log its line, 0 = counted only (a line
+ * with the count follows when the window ends). */
+int wk_ratelimit(wk_ratelimit_state *r, double now_ms);
 
 /* Serves until *stop becomes non-zero (SIGTERM/SIGINT) or a SHUTDOWN
  * arrives; returns K3_OK then. Errors: the socket cannot be created or

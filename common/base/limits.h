@@ -86,4 +86,7 @@
     4096 /* --max-conns: a thread each; 4096 x 8 MiB stacks is the                                 \
             most virtual memory a server should reserve for them */
 
+/* --file / stdin prompt of the command line: ~60 M tokens of text */
+#define K3_MAX_PROMPT_FILE_BYTES (256u << 20)
+
 #endif

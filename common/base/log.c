@@ -41,7 +41,21 @@ void k3_log(k3_log_level lvl, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "[%s] %s: %s\n", g_prog, names[lvl], msg);
+    static int stamp = -1; /* K3_LOG_TIME=0: no time (read once; a race only repeats it) */
+    if (stamp < 0) {
+        const char *t = getenv("K3_LOG_TIME");
+        stamp = !(t && !strcmp(t, "0"));
+    }
+    char when[64] = "";
+    if (stamp) {
+        struct timespec ts;
+        struct tm tm;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        localtime_r(&ts.tv_sec, &tm);
+        snprintf(when, sizeof when, "%02d:%02d:%02d.%03ld ", tm.tm_hour, tm.tm_min, tm.tm_sec,
+                 ts.tv_nsec / 1000000L);
+    }
+    fprintf(stderr, "%s[%s] %s: %s\n", when, g_prog, names[lvl], msg);
 }
 
 double k3_now_s(void) {

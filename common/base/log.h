@@ -1,6 +1,7 @@
 /* common/base/log.h: leveled logging to stderr, one line per event, prefixed with
  * the program name set by k3_log_init(). The level (default info) is the
- * K3_LOG_OPT_LEVEL row: --log-level / K3_LOG = debug|info|warn|error. A
+ * K3_LOG_OPT_LEVEL row: --log-level / K3_LOG = debug|info|warn|error, and
+ * --quiet (K3_LOG_OPT_QUIET) for warn. A
  * program puts the row in its option table (common/engine/engine_opts.h
  * does, for both programs) and applies the parsed value with
  * k3_log_set_level; a program without a table (tests, benchmarks) gets the
@@ -23,6 +24,12 @@ typedef enum { K3_LOG_DEBUG = 0, K3_LOG_INFO, K3_LOG_WARN, K3_LOG_ERROR } k3_log
      .choices = {K3_LOG_DEBUG, K3_LOG_INFO, K3_LOG_WARN, K3_LOG_ERROR},                           \
      .names = {"debug", "info", "warn", "error"}, .metavar = "LEVEL",                             \
      .help = "messages on stderr from this level up"}
+#define K3_LOG_OPT_QUIET(T, f)                                                                     \
+    {.name = "quiet", .flag = "--quiet", .short_flag = 'q', .env = "K3_QUIET",                    \
+     .type = K3_OPT_BOOL, .offset = offsetof(T, f),                                               \
+     .help = "warnings and errors only (--log-level warn)"}
+/* Each line starts with the local wall-clock time to the millisecond
+ * ("01:22:33.123 [k3-worker] info: ..."); K3_LOG_TIME=0 leaves it out. */
 // clang-format on
 
 /* Sets the program name, and the level from K3_LOG through the row above

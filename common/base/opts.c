@@ -178,6 +178,15 @@ static k3_status opt_parse_value(const k3_opt *o, void *target, const char *text
         return K3_OK;
     }
     case K3_OPT_LIST: return opt_list_parse(o, label, text, field, err, errlen);
+    case K3_OPT_MULTI: {
+        k3_opt_list *l = field;
+        int max = opt_has_range(o) ? (int)o->max : INT_MAX;
+        if (l->n >= max)
+            return k3_errf(K3_ERR_LIMIT, err, errlen, "%s: more than %d given", label, max);
+        l->items = k3_xrealloc(l->items, (size_t)(l->n + 1) * sizeof *l->items);
+        l->items[l->n++] = k3_xstrdup(text);
+        return K3_OK;
+    }
     case K3_OPT_ENUM: {
         /* exact words only: "Debug" or "2" are refused with the list, so a
          * typo in a shared environment is heard about instead of ignored */
@@ -241,7 +250,8 @@ k3_status k3_opts_parse(const k3_opt *opts, int n_opts, void *target, k3_opt_src
         case K3_OPT_BOOL: *(int *)field = 0; break;
         case K3_OPT_DOUBLE: *(double *)field = 0; break;
         case K3_OPT_STRING: *(char **)field = NULL; break;
-        case K3_OPT_LIST: memset(field, 0, sizeof(k3_opt_list)); break;
+        case K3_OPT_LIST:
+        case K3_OPT_MULTI: memset(field, 0, sizeof(k3_opt_list)); break;
         }
         if (src) src[i] = K3_OPT_SRC_DEFAULT;
         if (o->def && (st = opt_parse_value(o, target, o->def, K3_OPT_SRC_DEFAULT, err, errlen)))
@@ -356,6 +366,10 @@ static void opt_help_tail(const k3_opt *o, char *buf, size_t n) {
     } else if (o->type == K3_OPT_LIST && opt_has_range(o)) {
         APPEND("%sat most %.0f, comma-separated", sep, o->max);
         sep = ", ";
+    } else if (o->type == K3_OPT_MULTI) {
+        APPEND("%srepeatable", sep);
+        if (opt_has_range(o)) APPEND(", at most %.0f", o->max);
+        sep = ", ";
     }
     if (sep[0] == ',') APPEND(")");
 #undef APPEND
@@ -409,7 +423,7 @@ void k3_opts_free(const k3_opt *opts, int n_opts, void *target) {
         if (opts[i].type == K3_OPT_STRING) {
             free(*(char **)field);
             *(char **)field = NULL;
-        } else if (opts[i].type == K3_OPT_LIST) {
+        } else if (opts[i].type == K3_OPT_LIST || opts[i].type == K3_OPT_MULTI) {
             opt_list_clear(field);
         }
     }

@@ -15,8 +15,8 @@
  * Messages name the source, the value and the limit:
  *   "--chunk: 0 is outside 1..512", "K3_BITS=5: must be one of 4, 8, 32",
  *   "K3_LOG=loud: must be one of debug, info, warn, error".
- * Not handled: short option clusters (-abc), optional values, repeated list
- * flags that append (a repeated flag replaces the earlier value).
+ * Not handled: short option clusters (-abc), optional values. A repeated
+ * flag replaces the earlier value, except K3_OPT_MULTI's, which append.
  */
 #ifndef K3_OPTS_H
 #define K3_OPTS_H
@@ -32,7 +32,10 @@ typedef enum k3_opt_type {
     K3_OPT_BOOL,   /* int 0/1; a flag takes no value ("--exact", "--exact=0") */
     K3_OPT_STRING, /* char *, owned; NULL when unset and no default */
     K3_OPT_LIST,   /* k3_opt_list, comma-separated; at most max items */
-    K3_OPT_ENUM    /* int; the text is one of names[], stored as choices[] of it */
+    K3_OPT_ENUM,   /* int; the text is one of names[], stored as choices[] of it */
+    K3_OPT_MULTI   /* k3_opt_list; every occurrence of the flag adds one item as given
+                      (commas kept: "--stop a,b" is one item); at most max items; no
+                      variable (a flag cannot say whether it replaces or adds to one) */
 } k3_opt_type;
 
 /* Value of a K3_OPT_LIST option: n items, each an owned string. */

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/base/log.h"
+
 /* The label of the row's value for a message: its flag when it came from
  * the command line, else its variable. */
 static const char *engine_label(const k3_opt *o, k3_opt_src src) {
@@ -49,7 +51,8 @@ k3_status k3_engine_opts_resolve(k3_engine_opts *e, const k3_opt *table, int n_o
 }
 
 void k3_engine_opts_apply(const k3_engine_opts *e) {
-    k3_log_set_level((k3_log_level)e->log_level);
+    k3_log_level lvl = (k3_log_level)e->log_level;
+    k3_log_set_level(e->quiet && lvl < K3_LOG_WARN ? K3_LOG_WARN : lvl);
     k3_isa_select(e->isa);
 }
 
@@ -70,12 +73,20 @@ void k3_engine_opts_model(const k3_engine_opts *e, k3_model_opts *mo, char *usag
     mo->pipe = e->pipe;
     mo->load_threads = e->load_threads;
     mo->topp = e->expert_topp;
-    /* <model>/.k3_usage unless given; "off" (or "") means none. One file
-     * serves every worker of the model: a save merges (common/experts/experts.h). */
-    if (!e->usage)
-        snprintf(usage_buf, usage_cap, "%s/.k3_usage", e->model ? e->model : ".");
-    else
+    /* ~/.cache/k3shard/<fingerprint>/usage unless given (never the model
+     * directory: it may be read-only or shared, usage_path.c); "off" (or "")
+     * means none. One file serves every worker of the model: a save merges
+     * (common/experts/experts.h). */
+    char uerr[512];
+    if (!e->usage) {
+        if (!e->model || k3_usage_default_path(e->model, e->max_layers, e->expert_topp, usage_buf,
+                                               usage_cap, uerr, sizeof uerr)) {
+            if (e->model) K3_WARN("expert usage history off: %s", uerr);
+            snprintf(usage_buf, usage_cap, "off");
+        }
+    } else {
         snprintf(usage_buf, usage_cap, "%s", e->usage);
+    }
     mo->usage_path = strcmp(usage_buf, "off") != 0 && usage_buf[0] ? usage_buf : NULL;
     mo->usage_save = e->usage_save;
 }

@@ -42,10 +42,11 @@ typedef struct k3_engine_opts {
     int load_threads;   /* expert loader threads */
     double expert_topp; /* keep routed experts up to this cumulative weight, 0 = all */
     int max_layers;     /* truncate the stack to this many layers, 0 = all */
-    char *usage;        /* usage history file; NULL = <model>/.k3_usage, "off" = none */
+    char *usage;        /* usage history file; NULL = ~/.cache/k3shard/<fp>/usage, "off" = none */
     int usage_save;     /* save the usage history at a clean exit */
     int isa;            /* kernel level: K3_ISA_AUTO or a k3_isa (k3_engine_opts_apply) */
     int log_level;      /* a k3_log_level (k3_engine_opts_apply) */
+    int quiet;          /* --quiet: warnings and errors only (beats log_level) */
 } k3_engine_opts;
 
 /* Offset of engine field f inside the program's struct T, whose
@@ -162,7 +163,8 @@ typedef struct k3_engine_opts {
      .offset = K3_ENGINE_OFF(T, m, usage),                                                         \
      .metavar = "PATH",                                                                            \
      .help = "expert usage history: warms the cache at start, saved at a clean exit, "             \
-             "each worker merging its layers' rows (default <model>/.k3_usage; off = none)"},      \
+             "each worker merging its layers' rows (default ~/.cache/k3shard/<model "             \
+             "fingerprint>/usage, never the model directory; off = none)"},                       \
     {.name = "usage_save",                                                                         \
      .env = "K3_USAGE_SAVE",                                                                       \
      .env_alias = "USAGE_SAVE",                                                                    \
@@ -204,7 +206,8 @@ typedef struct k3_engine_opts {
      .metavar = "N",                                                                               \
      .help = "truncate the stack to N layers (no head: trace only), 0 = all"},                  \
     K3_KERN_OPT_ISA(T, m.isa),                                                                     \
-    K3_LOG_OPT_LEVEL(T, m.log_level)
+    K3_LOG_OPT_LEVEL(T, m.log_level),                                                              \
+    K3_LOG_OPT_QUIET(T, m.quiet)
 // clang-format on
 
 /* Applies --exact after parsing: bits 32/32/32 and idot 0. A --bits,
@@ -225,9 +228,17 @@ void k3_engine_opts_apply(const k3_engine_opts *e);
 /* Copies the engine settings into mo (after k3_model_opts_default): model
  * directory, shard directories, max_layers, bits, idot, threads (when > 0),
  * the expert cache and reader, the usage history. usage_buf [usage_cap]
- * receives the history path (<model>/.k3_usage when none was given);
+ * receives the history path (k3_usage_default_path when none was given,
+ * "off" with a warning when that fails);
  * mo->usage_path points to it, or is NULL for "off" / "". mo borrows the
  * strings of e and usage_buf. bits_explicit is the caller's. */
+/* usage_path.c: $XDG_CACHE_HOME (else ~/.cache) /k3shard/<model
+ * fingerprint>/usage into out [cap], the directory created (mode 0700).
+ * Errors name the directory, or the model's config when it cannot be
+ * read. */
+k3_status k3_usage_default_path(const char *model_dir, int max_layers, double topp, char *out,
+                                size_t cap, char *err, size_t errlen);
+
 void k3_engine_opts_model(const k3_engine_opts *e, k3_model_opts *mo, char *usage_buf,
                           size_t usage_cap);
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tests/integration/test_expert_usage.sh: the expert usage history through
 # the programs (K3_USAGE / --usage, K3_USAGE_SAVE; common/experts/experts.h).
-#  - the in-process coordinator saves <model>/.k3_usage by default, and a
-#    given --usage PATH at exit;
+#  - the in-process coordinator saves $XDG_CACHE_HOME/k3shard/<model
+#    fingerprint>/usage by default, never into the model directory (a
+#    read-only model directory works), and a given --usage PATH at exit;
 #  - two --local workers, each saving its own layers' rows into one shared
 #    file on their clean stop, leave the same history as the in-process run;
 #  - logits and ids with the warm start equal those without (cmp);
@@ -17,6 +18,7 @@ unset K3_USAGE K3_USAGE_SAVE COLI_USAGE USAGE_SAVE
 
 cp -r "$TINY" "$T/model"
 rm -f "$T"/model/.k3_usage*
+export XDG_CACHE_HOME="$T/cache"
 IDS=5,7,9,11,300,42,17,901
 run() {  # name args...: logits in $T/name.f32, ids line in $T/name.ids
     local name=$1; shift
@@ -35,22 +37,25 @@ if run cold --model "$T/model" --local 0 --usage off && [ ! -e "$T/model/.k3_usa
 else
     bad "--usage off: $(tail -1 "$T/cold.err")"
 fi
-if run ref --model "$T/model" --local 0 && head -1 "$T/model/.k3_usage" | grep -q '^-1 8 16$' &&
-    same cold ref; then
-    ok "--local 0 saved <model>/.k3_usage at exit ($(wc -l <"$T/model/.k3_usage") lines)"
+chmod a-w "$T/model"
+if run ref --model "$T/model" --local 0 && H=$(ls "$T"/cache/k3shard/*/usage 2>/dev/null) &&
+    head -1 "$H" | grep -q '^-1 8 16$' && same cold ref && [ -z "$(ls -A "$T/model" | grep k3_usage)" ]; then
+    ok "--local 0 saved ${H#"$T"/} at exit ($(wc -l <"$H") lines), nothing in the read-only model directory"
 else
-    bad "--local 0 did not save <model>/.k3_usage: $(tail -1 "$T/ref.err")"
+    bad "--local 0 did not save the history in the cache: $(tail -1 "$T/ref.err")"
+    H="$T/none"
 fi
+chmod u+w "$T/model"
 
 # 2. the warm start changes nothing in the results
-cp "$T/model/.k3_usage" "$T/hist1"
+cp "$H" "$T/hist1"
 if run warm --model "$T/model" --local 0 && same warm ref; then
     ok "warm start from the history: logits and ids identical to the cold run"
 else
     bad "warm start run differs or failed: $(tail -1 "$T/warm.err")"
 fi
 # the second run added its counts: every count doubled
-if diff -q <(awk 'NR>2{print $1, $2, $3 * 2}' "$T/hist1" | sort) <(rows "$T/model/.k3_usage") >/dev/null; then
+if diff -q <(awk 'NR>2{print $1, $2, $3 * 2}' "$T/hist1" | sort) <(rows "$H") >/dev/null; then
     ok "a second run adds its selections to the loaded history (every count doubled)"
 else
     bad "history after the second run is not twice the first"
