@@ -739,3 +739,30 @@ void k3_chat_out_free(k3_chat_out *out) {
     out->text = NULL;
     out->text_len = 0;
 }
+
+k3_status k3_chat_close_turn(const k3_tok *tok, k3_chat_channel ch, k3_tok_ids *ids, char *err,
+                             size_t errlen) {
+    k3_chat_out out;
+    memset(&out, 0, sizeof out);
+    rctx r = {.tok = tok, .out = &out, .err = err, .errlen = errlen};
+    r.open = k3_tok_special_id(tok, "<|open|>");
+    r.close = k3_tok_special_id(tok, "<|close|>");
+    r.sep = k3_tok_special_id(tok, "<|sep|>");
+    r.eom = k3_tok_special_id(tok, "<|end_of_msg|>");
+    if (r.open < 0 || r.close < 0 || r.sep < 0 || r.eom < 0)
+        return k3_errf(K3_ERR_MISSING, err, errlen,
+                       "tokenizer has no XTML chat tokens (<|open|> <|close|> <|sep|> "
+                       "<|end_of_msg|>)");
+    k3_status st = K3_OK;
+    if (ch == K3_CHAT_CH_THINK) {
+        st = r_close(&r, "think");
+        if (st == K3_OK) st = r_open(&r, "response", NULL, 0);
+    }
+    if (st == K3_OK) st = r_close(&r, "response");
+    if (st == K3_OK) st = r_close(&r, "message");
+    if (st == K3_OK) r_marker(&r, r.eom);
+    for (size_t i = 0; st == K3_OK && i < out.ids.n; i++) k3_tok_ids_push(ids, out.ids.v[i]);
+    k3_tok_ids_free(&out.ids);
+    free(r.text.p);
+    return st;
+}
