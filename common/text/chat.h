@@ -162,6 +162,8 @@ void k3_chat_filter_push(k3_chat_filter *f, int32_t id, k3_chat_delta *d);
  * text. An unclosed tools block keeps its complete calls; a partial call
  * is dropped. */
 void k3_chat_filter_finish(k3_chat_filter *f, k3_chat_delta *d);
+/* The channel the output is in now (where k3_chat_close_turn starts). */
+k3_chat_channel k3_chat_filter_channel(const k3_chat_filter *f);
 int k3_chat_filter_n_calls(const k3_chat_filter *f);
 const k3_chat_call *k3_chat_filter_call(const k3_chat_filter *f, int i);
 /* "stop", "tool_calls" (stopped with calls), "length" (finish called), or
