@@ -287,7 +287,8 @@ static k3_status run_session(k3_engine *e, k3_session *sess, const k3_engine_req
                       .n_eos = cfg->n_eos,
                       .prompt_hooks = req->prompt_hooks,
                       .on_token = req->on_token,
-                      .token_ctx = req->token_ctx};
+                      .token_ctx = req->token_ctx,
+                      .cancel = req->cancel};
     K3_INFO("prompt %d tokens, context %lld, chunk %d, %s trunk", req->n_prompt,
             (long long)k3_session_max_ctx(sess), e->chunk, e->trunk->ops->name);
     st = e->cluster ? k3_cluster_generate(e->cluster, sess, req->prompt, req->n_prompt, &go,

@@ -21,13 +21,18 @@
  * replays the session's ids (k3_cluster_generate): the tokens equal an
  * uninterrupted run's.
  *
- * Not handled: cancelling a running generation; sessions that outgrow the
+ * Cancellation: k3_engine_req.cancel stops a running generation between
+ * steps (K3_ERR_CANCEL); in-process a step is every layer of one chunk, with
+ * workers one chunk through every stage.
+ *
+ * Not handled: sessions that outgrow the
  * capacity they were opened with (a request with another capacity reopens
  * the session and loses its prefix).
  */
 #ifndef K3_ENGINE_H
 #define K3_ENGINE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -100,10 +105,17 @@ typedef struct k3_engine_req {
                                    (after a worker loss, progress restarts with the replay) */
     void (*on_token)(void *ctx, int32_t id); /* each generated id as soon as it is sampled */
     void *token_ctx;
+    /* Cancellation (NULL = none), set by any thread: once it reads nonzero
+     * the generation stops before its next step (every prefill chunk,
+     * every decode token) and returns K3_ERR_CANCEL. The session keeps the
+     * ids committed so far (prompt chunks and generated tokens), so the
+     * next request on it reuses them. */
+    const atomic_int *cancel;
 } k3_engine_req;
 
 typedef struct k3_engine_result {
-    k3_gen_result gen;  /* counts, stop rule, timings, step statistics */
+    k3_gen_result gen;  /* counts (prompt tokens reused as the session's prefix: gen.n_reused;
+                           prefilled now: gen.n_prefilled), stop rule, timings, step statistics */
     int max_ctx;        /* capacity of the session, tokens */
     size_t state_bytes; /* session state held in this process after the call */
 } k3_engine_result;
