@@ -81,8 +81,8 @@ static k3_status render_tail(const chat_conv *c, int first, const k3_tok *tok, i
     k3_chat_msg *msgs = k3_xcalloc(n > 0 ? (size_t)n : 1, sizeof *msgs);
     for (int i = 0; i < n; i++) {
         const chat_msg *m = &c->m[first + i];
-        msgs[i] = (k3_chat_msg){.role = m->role, .content = m->content,
-                                .reasoning_content = m->reasoning};
+        msgs[i] = (k3_chat_msg){
+            .role = m->role, .content = m->content, .reasoning_content = m->reasoning};
     }
     k3_chat_req cr = {.msgs = msgs,
                       .n_msgs = n,
@@ -180,8 +180,7 @@ k3_status chat_conv_save(const chat_conv *c, int thinking, const char *path, cha
     return K3_OK;
 }
 
-k3_status chat_conv_load(chat_conv *c, const char *path, int *thinking, char *err,
-                         size_t errlen) {
+k3_status chat_conv_load(chat_conv *c, const char *path, int *thinking, char *err, size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) return k3_errf(K3_ERR_IO, err, errlen, "%s: %s", path, strerror(errno));
     struct stat sb;
@@ -189,8 +188,8 @@ k3_status chat_conv_load(chat_conv *c, const char *path, int *thinking, char *er
         long long sz = (long long)sb.st_size;
         fclose(f);
         return k3_errf(K3_ERR_LIMIT, err, errlen,
-                       "%s: %lld bytes, more than %u (K3_SERVE_MAX_BODY, a request body)", path,
-                       sz, K3_SERVE_MAX_BODY);
+                       "%s: %lld bytes, more than %u (K3_SERVE_MAX_BODY, a request body)", path, sz,
+                       K3_SERVE_MAX_BODY);
     }
     k3_strbuf b = {0};
     k3_strbuf_str(&b, "{\"messages\":");
@@ -225,8 +224,8 @@ k3_status chat_conv_load(chat_conv *c, const char *path, int *thinking, char *er
             chat_conv_reset(c, 0);
             for (int m = 0; m < r.n_msgs; m++) {
                 const k3_chat_msg *cm = &r.msgs[m];
-                chat_conv_add(c, !strcmp(cm->role, "developer") ? "system" : cm->role,
-                              cm->content, cm->reasoning_content);
+                chat_conv_add(c, !strcmp(cm->role, "developer") ? "system" : cm->role, cm->content,
+                              cm->reasoning_content);
             }
             json_t *t = json_object_get((json_t *)r.json, "enable_thinking");
             if (json_is_boolean(t)) *thinking = json_is_true(t);

@@ -35,13 +35,13 @@ typedef struct chat_msg {
 typedef struct chat_conv {
     chat_msg *m; /* [n] */
     int n, cap;
-    k3_tok_ids ids;          /* the transcript, valid when has_ids */
-    int has_ids;             /* ids covers m[0, n_covered) */
-    int n_covered;           /* messages the transcript holds */
-    int turn_open;           /* 1: the last answer stopped without a stop id ...;
-                                -1: :retry, the next prompt is last_prompt */
-    k3_chat_channel open_ch; /* ... in this channel */
-    k3_tok_ids last_prompt;  /* prompt of the last answer (:retry) ... */
+    k3_tok_ids ids;             /* the transcript, valid when has_ids */
+    int has_ids;                /* ids covers m[0, n_covered) */
+    int n_covered;              /* messages the transcript holds */
+    int turn_open;              /* 1: the last answer stopped without a stop id ...;
+                                   -1: :retry, the next prompt is last_prompt */
+    k3_chat_channel open_ch;    /* ... in this channel */
+    k3_tok_ids last_prompt;     /* prompt of the last answer (:retry) ... */
     k3_chat_channel last_start; /* ... and the channel it started in */
 } chat_conv;
 
@@ -61,9 +61,9 @@ void chat_conv_drop_ids(chat_conv *c);
  * it starts in. A rendering past K3_MAX_CTX is K3_ERR_LIMIT. */
 k3_status chat_conv_prompt(chat_conv *c, const k3_tok *tok, int thinking, k3_tok_ids *out,
                            k3_chat_channel *start, char *err, size_t errlen);
-/* After an answer to prompt (which started in channel start): appends the assistant message (content,
- * reasoning may be NULL) and makes the transcript prompt + gen[0, n_gen);
- * stopped: gen ends with a stop id; else the turn is open in channel ch. */
+/* After an answer to prompt (which started in channel start): appends the assistant message
+ * (content, reasoning may be NULL) and makes the transcript prompt + gen[0, n_gen); stopped: gen
+ * ends with a stop id; else the turn is open in channel ch. */
 void chat_conv_answered(chat_conv *c, const k3_tok_ids *prompt, k3_chat_channel start,
                         const int32_t *gen, int n_gen, int stopped, k3_chat_channel ch,
                         const char *content, const char *reasoning);

@@ -174,8 +174,8 @@ void chat_term_close(chat_term **tp) {
 
 /* The line without trailing blanks / newline: [s, s + *n). */
 static void rstrip(const char *s, size_t *n) {
-    while (*n > 0 && (s[*n - 1] == '\n' || s[*n - 1] == '\r' || s[*n - 1] == ' ' ||
-                      s[*n - 1] == '\t'))
+    while (*n > 0 &&
+           (s[*n - 1] == '\n' || s[*n - 1] == '\r' || s[*n - 1] == ' ' || s[*n - 1] == '\t'))
         (*n)--;
 }
 

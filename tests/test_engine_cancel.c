@@ -149,8 +149,7 @@ static void cases(const char *what, k3_engine *e, uint64_t sid0) {
     atomic_store(&c.cancel, 1);
     st = gen(e, sid0 + 3, prompt, NP, NGEN, &c, &res, err, sizeof err);
     CHECK(st == K3_ERR_CANCEL && res.gen.n_prefilled == 0 && c.n == 0,
-          "%s: a flag set before the call: K3_ERR_CANCEL with nothing prefilled ('%s')", what,
-          err);
+          "%s: a flag set before the call: K3_ERR_CANCEL with nothing prefilled ('%s')", what, err);
 }
 
 int main(void) {
