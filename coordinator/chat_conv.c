@@ -174,13 +174,49 @@ k3_status chat_conv_save(const chat_conv *c, int thinking, const char *path, cha
         json_array_append_new(ms, o);
     }
     json_t *doc = json_pack("{s:o,s:b}", "messages", ms, "enable_thinking", thinking);
+    if (c->has_ids && c->n_covered == c->n && c->turn_open >= 0) {
+        /* the session's ids, so a :load continues from exactly the same
+         * prompt (the HTTP API ignores these fields) */
+        json_t *ids = json_array();
+        for (size_t i = 0; i < c->ids.n; i++) json_array_append_new(ids, json_integer(c->ids.v[i]));
+        json_object_set_new(doc, "k3shard_ids", ids);
+        json_object_set_new(doc, "k3shard_open", json_integer(c->turn_open));
+        json_object_set_new(doc, "k3shard_channel", json_integer((int)c->open_ch));
+    }
     int rc = json_dump_file(doc, path, JSON_INDENT(2));
     json_decref(doc);
     if (rc) return k3_errf(K3_ERR_IO, err, errlen, "%s: cannot write: %s", path, strerror(errno));
     return K3_OK;
 }
 
-k3_status chat_conv_load(chat_conv *c, const char *path, int *thinking, char *err, size_t errlen) {
+/* k3shard_ids of a saved conversation: kept when every id is below vocab
+ * and there are at most K3_MAX_CTX; anything else (a file edited by hand,
+ * another model) is ignored and the conversation is rendered whole. */
+static void load_ids(chat_conv *c, json_t *doc, int vocab) {
+    json_t *ids = json_object_get(doc, "k3shard_ids");
+    json_t *open = json_object_get(doc, "k3shard_open");
+    json_t *ch = json_object_get(doc, "k3shard_channel");
+    if (!json_is_array(ids) || json_array_size(ids) == 0 ||
+        json_array_size(ids) > (size_t)K3_MAX_CTX || !json_is_integer(open) || !json_is_integer(ch))
+        return;
+    size_t i;
+    json_t *v;
+    json_array_foreach(ids, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
+            c->ids.n = 0;
+            return;
+        }
+        k3_tok_ids_push(&c->ids, (int32_t)json_integer_value(v));
+    }
+    c->has_ids = 1;
+    c->n_covered = c->n;
+    c->turn_open = json_integer_value(open) != 0;
+    c->open_ch =
+        json_integer_value(ch) == K3_CHAT_CH_THINK ? K3_CHAT_CH_THINK : K3_CHAT_CH_RESPONSE;
+}
+
+k3_status chat_conv_load(chat_conv *c, const char *path, int vocab, int *thinking, char *err,
+                         size_t errlen) {
     FILE *f = fopen(path, "rb");
     if (!f) return k3_errf(K3_ERR_IO, err, errlen, "%s: %s", path, strerror(errno));
     struct stat sb;
@@ -229,6 +265,7 @@ k3_status chat_conv_load(chat_conv *c, const char *path, int *thinking, char *er
             }
             json_t *t = json_object_get((json_t *)r.json, "enable_thinking");
             if (json_is_boolean(t)) *thinking = json_is_true(t);
+            load_ids(c, (json_t *)r.json, vocab);
         }
     }
     serve_req_free(&r);

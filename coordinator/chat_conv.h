@@ -72,14 +72,18 @@ void chat_conv_answered(chat_conv *c, const k3_tok_ids *prompt, k3_chat_channel 
 k3_status chat_conv_retry(chat_conv *c, char *err, size_t errlen);
 
 /* :save: {"messages":[{"role","content"[,"reasoning_content"]}...],
- * "enable_thinking":B}, a valid body for POST /v1/chat/completions. */
+ * "enable_thinking":B}, a valid body for POST /v1/chat/completions, plus
+ * the transcript ("k3shard_ids", "k3shard_open", "k3shard_channel"; the
+ * API ignores them) so a :load continues from exactly the same ids. */
 k3_status chat_conv_save(const chat_conv *c, int thinking, const char *path, char *err,
                          size_t errlen);
 /* :load: a file as written by :save, or a bare messages array. Messages
  * are checked by the HTTP API's parser (coordinator/serve_api.h); tool
  * calls and tool results are refused (the chat prompt has no tools).
- * *thinking is set when the file says enable_thinking. On failure the
- * conversation is unchanged. */
-k3_status chat_conv_load(chat_conv *c, const char *path, int *thinking, char *err, size_t errlen);
+ * *thinking is set when the file says enable_thinking. A transcript with
+ * ids outside [0, vocab) is ignored (the messages are rendered whole). On
+ * failure the conversation is unchanged. */
+k3_status chat_conv_load(chat_conv *c, const char *path, int vocab, int *thinking, char *err,
+                         size_t errlen);
 
 #endif

@@ -49,11 +49,11 @@ typedef struct chat_opts {
     double temp;
     double top_p;
     int seed;
-    int ctx;         /* session capacity, tokens */
-    int chunk;       /* prefill chunk */
-    char *history;   /* history file, NULL = the default */
-    int no_history;  /* keep no history file */
-    int color;       /* 1 auto, 0 never */
+    int ctx;        /* session capacity, tokens */
+    int chunk;      /* prefill chunk */
+    char *history;  /* history file, NULL = the default */
+    int no_history; /* keep no history file */
+    int color;      /* 1 auto, 0 never */
     int help;
 } chat_opts;
 
@@ -323,8 +323,8 @@ static void stats_line(chat *c, const k3_engine_result *r, int cancelled) {
     fprintf(f,
             "[prompt %d tokens (%d reused, %d prefilled), %d generated%s, prefill %s, decode %s, "
             "experts %s hit, %.2f GB read]",
-            g->n_prompt, g->n_reused, g->n_prefilled, g->n_gen, cancelled ? " (stopped)" : "",
-            pre, dec, hit, (double)g->stats.bytes_read / 1e9);
+            g->n_prompt, g->n_reused, g->n_prefilled, g->n_gen, cancelled ? " (stopped)" : "", pre,
+            dec, hit, (double)g->stats.bytes_read / 1e9);
     if (c->color && f == stdout) fputs(RESET, f);
     fputs("\n", f);
     fflush(f);
@@ -472,15 +472,14 @@ static void cmd_stats(chat *c) {
     k3_chat_channel ch;
     char err[256];
     int n_conv = 0;
-    if (!chat_conv_prompt(&c->conv, c->tok, c->think, &p, &ch, err, sizeof err))
-        n_conv = (int)p.n;
+    if (!chat_conv_prompt(&c->conv, c->tok, c->think, &p, &ch, err, sizeof err)) n_conv = (int)p.n;
     k3_tok_ids_free(&p);
     fprintf(c->info, "conversation: %d messages, %zu tokens held by the session, context %d\n",
             c->conv.n, c->conv.has_ids ? c->conv.ids.n : (size_t)0, c->o->ctx);
     (void)n_conv;
     fprintf(c->info, "settings: think %s%s, temp %g, top_p %g, seed %llu, ngen %d\n",
-            c->think ? "on" : "off", c->show_think ? "" : " (hidden)", c->samp.temp,
-            c->samp.top_p, (unsigned long long)c->samp.seed, c->ngen);
+            c->think ? "on" : "off", c->show_think ? "" : " (hidden)", c->samp.temp, c->samp.top_p,
+            (unsigned long long)c->samp.seed, c->ngen);
     if (!c->has_last) {
         fprintf(c->info, "(no answer yet: the engine statistics follow the first answer)\n");
         return;
@@ -539,7 +538,7 @@ static cmd_rc command(chat *c, const char *line) {
     } else if (word_is(s, "load", &arg)) {
         if (!*arg)
             fprintf(c->info, "usage: :load FILE\n");
-        else if (chat_conv_load(&c->conv, arg, &c->think, err, sizeof err))
+        else if (chat_conv_load(&c->conv, arg, k3_tok_n_vocab(c->tok), &c->think, err, sizeof err))
             fprintf(c->info, "error: %s\n", err);
         else
             fprintf(c->info, "(loaded %d messages from %s; thinking %s)\n", c->conv.n, arg,
@@ -551,8 +550,9 @@ static cmd_rc command(chat *c, const char *line) {
         }
         return CMD_ANSWER;
     } else {
-        fprintf(c->info, "unknown command '%.40s' (:help lists them; wrap text in \"\"\" to send it "
-                         "as a message)\n",
+        fprintf(c->info,
+                "unknown command '%.40s' (:help lists them; wrap text in \"\"\" to send it "
+                "as a message)\n",
                 line);
     }
     return CMD_DONE;
@@ -711,8 +711,9 @@ int cmd_chat(int argc, char **argv) {
     sa.sa_handler = on_sigint;
     sa.sa_flags = SA_RESTART;
     if (c.interactive) {
-        char *hist = o.no_history ? NULL : o.history ? k3_xstrdup(o.history)
-                                                     : chat_term_history_path();
+        char *hist = o.no_history ? NULL
+                     : o.history  ? k3_xstrdup(o.history)
+                                  : chat_term_history_path();
         k3_status st = chat_term_open(&c.term, hist, err, sizeof err);
         free(hist);
         if (st) {
