@@ -57,7 +57,8 @@ static unsigned char on_intr(EditLine *el, int ch) {
     (void)ch;
     chat_term *t = NULL;
     el_get(el, EL_CLIENTDATA, &t);
-    if (t) t->intr = 1;
+    const LineInfo *li = el_line(el);
+    if (t) t->intr = li && li->lastchar > li->buffer ? 2 : 1; /* 2: text was dropped */
     return CC_NEWLINE;
 }
 
@@ -204,8 +205,24 @@ chat_read chat_term_read(chat_term *t, char **msg) {
         fflush(stdout);
         if (t->intr) {
             fputs("\n", stdout);
-            rc = CHAT_READ_INTR;
-            break;
+            if (t->intr == 1 && !open && !block) {
+                rc = CHAT_READ_INTR;
+                break;
+            }
+            m.n = 0; /* like a shell: the text typed so far is dropped */
+            m.p[0] = 0;
+            open = block = 0;
+            t->prompt = "> ";
+            continue;
+        }
+        if (t->pasted) { /* the typed part, the paste, and the message stays open */
+            if (l && n > 0) k3_strbuf_add(&m, l, (size_t)n);
+            k3_strbuf_add(&m, t->paste.p, t->paste.n);
+            fwrite(t->paste.p, 1, t->paste.n, stdout);
+            fputs("\n", stdout);
+            open = 1;
+            t->prompt = "... ";
+            continue;
         }
         if (!l || n < 0) {
             if (open || block) { /* Ctrl-D inside a message sends what there is */
@@ -216,15 +233,6 @@ chat_read chat_term_read(chat_term *t, char **msg) {
             break;
         }
         size_t len = (size_t)n;
-        if (t->pasted) { /* the typed part, the paste, and the message stays open */
-            k3_strbuf_add(&m, l, len);
-            k3_strbuf_add(&m, t->paste.p, t->paste.n);
-            fwrite(t->paste.p, 1, t->paste.n, stdout);
-            fputs("\n", stdout);
-            open = 1;
-            t->prompt = "... ";
-            continue;
-        }
         rstrip(l, &len);
         if (block) {
             if (ends_with(l, len, "\"\"\"")) {

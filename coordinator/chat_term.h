@@ -33,7 +33,8 @@ void chat_term_close(chat_term **t);
 typedef enum chat_read {
     CHAT_READ_MSG = 0, /* *msg holds a message (malloc'd, UTF-8, no final newline) */
     CHAT_READ_EOF,     /* Ctrl-D on an empty line */
-    CHAT_READ_INTR     /* Ctrl-C: the line (and any open block) was dropped */
+    CHAT_READ_INTR     /* Ctrl-C on an empty line (on typed text it drops the text
+                          and the message being assembled, and reads on) */
 } chat_read;
 
 /* Reads one message at prompt "> " (continuation lines: "... "). A line

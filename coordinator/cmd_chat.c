@@ -700,6 +700,10 @@ int cmd_chat(int argc, char **argv) {
     const char *term = getenv("TERM"), *nc = getenv("NO_COLOR");
     c.color = c.interactive && o.color && !(nc && *nc) && !(term && !strcmp(term, "dumb"));
     c.info = c.interactive ? stdout : stderr;
+    /* the engine's info line per request would break into the conversation */
+    if (c.interactive &&
+        src[k3_opts_find(chat_table, N_CHAT_OPTS, "log_level")] == K3_OPT_SRC_DEFAULT)
+        k3_log_set_level(K3_LOG_WARN);
     c.think = o.think;
     c.show_think = 1;
     c.ngen = o.ngen;
