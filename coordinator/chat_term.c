@@ -159,13 +159,25 @@ k3_status chat_term_open(chat_term **out, const char *hist_path, char *err, size
     return K3_OK;
 }
 
+/* Writes the history to a temporary file renamed over the real one, so a
+ * hang-up in the middle never leaves it truncated. Returns 0 on failure. */
+static int hist_save(chat_term *t) {
+    if (!t->hist_path) return 1;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", t->hist_path, (int)getpid());
+    HistEvent ev;
+    if (history(t->hist, &ev, H_SAVE, tmp) < 0 || rename(tmp, t->hist_path)) {
+        unlink(tmp);
+        return 0;
+    }
+    return 1;
+}
+
 void chat_term_close(chat_term **tp) {
     chat_term *t = *tp;
     if (!t) return;
     *tp = NULL;
-    HistEvent ev;
-    if (t->hist_path && history(t->hist, &ev, H_SAVE, t->hist_path) < 0)
-        K3_WARN("chat: cannot write the history file %s", t->hist_path);
+    if (!hist_save(t)) K3_WARN("chat: cannot write the history file %s", t->hist_path);
     el_end(t->el);
     history_end(t->hist);
     free(t->hist_path);
@@ -274,7 +286,7 @@ chat_read chat_term_read(chat_term *t, char **msg) {
     if (m.n) {
         HistEvent ev;
         history(t->hist, &ev, H_ENTER, m.p);
-        if (t->hist_path) history(t->hist, &ev, H_SAVE, t->hist_path);
+        hist_save(t);
     }
     *msg = m.p;
     return CHAT_READ_MSG;
