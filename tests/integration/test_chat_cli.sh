@@ -155,9 +155,13 @@ n_stats=7
 s8=""
 for try in 1 2 3 4 5; do
     keys a "Tell me a very long story, take $try" Enter
-    n_stats=$((n_stats + 1))
-    sleep 0.5
+    # Ctrl-C once the answer streams (not during the prefill)
+    for _ in $(seq 1 300); do
+        [ -n "$(pane a | awk -v t="take $try" 'f && NF {print; exit} index($0, t) {f = 1}')" ] && break
+        sleep 0.1
+    done
     keys a C-c
+    n_stats=$((n_stats + 1))
     wait_n a '^\[prompt ' "$n_stats" 30 || break
     s8=$(stats a "$n_stats")
     grep -q '(stopped)' <<<"$s8" && break
