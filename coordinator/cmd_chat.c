@@ -192,7 +192,7 @@ static const char *help_text =
     "  :save FILE             the conversation as JSON (OpenAI messages, a valid\n"
     "                         /v1/chat/completions body)\n"
     "  :load FILE             a saved conversation (re-prefilled with the next message)\n"
-    "  :retry                 answer the last message again\n"
+    "  :retry                 answer the last message again (with the next seed)\n"
     "  :q                     exit (also :quit, :exit, Ctrl-D)\n"
     "  Multi-line: end a line with \\ to continue it, or wrap text in \"\"\" ... \"\"\";\n"
     "  pasted text keeps its lines (press Enter to send).\n";
@@ -548,6 +548,8 @@ static cmd_rc command(chat *c, const char *line) {
             fprintf(c->info, "error: %s\n", err);
             return CMD_DONE;
         }
+        c->samp.seed++; /* the same seed would give the same answer again */
+        fprintf(c->info, "(retry with seed %llu)\n", (unsigned long long)c->samp.seed);
         return CMD_ANSWER;
     } else {
         fprintf(c->info,
