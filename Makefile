@@ -30,7 +30,7 @@ PY       := /usr/bin/python3
 # (libedit for the chat prompt, liburing for tests/bench/bench_expert_io): a
 # module that starts using one adds its pkg-config name here.
 # tests/bench/bench-ab.sh reads this line.
-PKGS     := libzmq msgpack hwloc libpcre2-8 jansson libmicrohttpd
+PKGS     := libzmq msgpack hwloc libpcre2-8 jansson libmicrohttpd libedit
 # The Debian package that holds each pkg-config module or compiler (for the
 # message below).
 DEB_cc         := build-essential
@@ -41,6 +41,7 @@ DEB_hwloc      := libhwloc-dev
 DEB_libpcre2-8 := libpcre2-dev
 DEB_jansson    := libjansson-dev
 DEB_libmicrohttpd := libmicrohttpd-dev
+DEB_libedit    := libedit-dev
 DEB_liburing   := liburing-dev
 
 NOPKG_GOALS := deps clean format format-check run tiny slice bench-ab

@@ -8,6 +8,7 @@
  *                  [--threads N] [--dirs a,b] [--stats]
  *   k3-coordinator tokenize ...            (coordinator/cmd_tokenize.c)
  *   k3-coordinator serve ...               (coordinator/serve.c, docs/SERVING.md)
+ *   k3-coordinator chat ...                (coordinator/cmd_chat.c, docs/CHAT.md)
  *
  * Every setting comes from the one table below (flags, K3_* variables,
  * defaults, ranges, --help). main() validates the options, opens the
@@ -29,6 +30,7 @@
 #include "coordinator/cli_prompt.h"
 #include "coordinator/cli_stop.h"
 #include "coordinator/cluster.h"
+#include "coordinator/cmd_chat.h"
 #include "coordinator/cmd_tokenize.h"
 #include "common/ckpt/config.h"
 #include "common/engine/engine_opts.h"
@@ -113,38 +115,7 @@ static const k3_opt coord_table[] = {
      .max = K3_MAX_CHUNK,
      .metavar = "C",
      .help = "prefill chunk in tokens (bit-identical results for every value)"},
-    {.name = "temp",
-     .flag = "--temp",
-     .env = "K3_TEMP",
-     .env_alias = "COLI_TEMP",
-     .type = K3_OPT_DOUBLE,
-     .offset = O(temp),
-     .def = "0",
-     .min = 0,
-     .max = 1e6,
-     .metavar = "T",
-     .help = "sampling temperature, 0 = greedy"},
-    {.name = "top_p",
-     .flag = "--top-p",
-     .env = "K3_TOP_P",
-     .type = K3_OPT_DOUBLE,
-     .offset = O(top_p),
-     .def = "1",
-     .min = 0,
-     .max = 1,
-     .min_open = 1,
-     .metavar = "P",
-     .help = "nucleus sampling mass"},
-    {.name = "seed",
-     .flag = "--seed",
-     .env = "K3_SEED",
-     .type = K3_OPT_INT,
-     .offset = O(seed),
-     .def = "0",
-     .min = 0,
-     .max = INT_MAX,
-     .metavar = "S",
-     .help = "sampler seed"},
+    K3_SAMPLER_OPT_ROWS(coord_opts, temp, top_p, seed, "0"),
     {.name = "print_ids",
      .flag = "--print-ids",
      .type = K3_OPT_BOOL,
@@ -289,6 +260,8 @@ static const char *usage_text =
     "       k3-coordinator keygen FILE    (CURVE key pair: FILE.key 0600, FILE.pub)\n"
     "       k3-coordinator serve --model DIR [options]    (OpenAI-compatible HTTP API, "
     "docs/SERVING.md)\n"
+    "       k3-coordinator chat --model DIR [options]    (chat prompt in the terminal, "
+    "docs/CHAT.md)\n"
     "\n"
     "Generates text with Kimi K3. A text prompt is tokenized with the model\n"
     "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.\n"
@@ -680,6 +653,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "chat")) return cmd_chat(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";

@@ -19,10 +19,12 @@
 #ifndef K3_SAMPLER_H
 #define K3_SAMPLER_H
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/base/err.h"
+#include "common/base/opts.h"
 
 typedef struct k3_sampler_opts {
     double temp;   /* >= 0, finite; 0 = greedy */
@@ -39,6 +41,22 @@ typedef struct k3_sampler_opts {
 /* The repeat penalty looks back this many sampled ids (the sampler's own
  * output: it never sees the prompt). */
 #define K3_SAMPLER_PENALTY_LAST 64
+
+/* The --temp, --top-p and --seed rows of a program's option table (the
+ * double, double and int fields temp_f, top_p_f, seed_f of T); temp_def
+ * is the temperature's default as text. */
+// clang-format off
+#define K3_SAMPLER_OPT_ROWS(T, temp_f, top_p_f, seed_f, temp_def)                                  \
+    {.name = "temp", .flag = "--temp", .env = "K3_TEMP", .env_alias = "COLI_TEMP",                \
+     .type = K3_OPT_DOUBLE, .offset = offsetof(T, temp_f), .def = temp_def, .min = 0, .max = 1e6, \
+     .metavar = "T", .help = "sampling temperature, 0 = greedy"},                                 \
+    {.name = "top_p", .flag = "--top-p", .env = "K3_TOP_P", .type = K3_OPT_DOUBLE,                \
+     .offset = offsetof(T, top_p_f), .def = "1", .min = 0, .max = 1, .min_open = 1,               \
+     .metavar = "P", .help = "nucleus sampling mass"},                                            \
+    {.name = "seed", .flag = "--seed", .env = "K3_SEED", .type = K3_OPT_INT,                      \
+     .offset = offsetof(T, seed_f), .def = "0", .min = 0, .max = INT_MAX, .metavar = "S",         \
+     .help = "sampler seed"}
+// clang-format on
 
 typedef struct k3_sampler k3_sampler;
 

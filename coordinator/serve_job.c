@@ -31,6 +31,7 @@
 
 #include "common/base/log.h"
 #include "common/base/strbuf.h"
+#include "coordinator/chat_prompt.h"
 #include "coordinator/serve_api.h"
 #include "coordinator/serve_stop.h"
 
@@ -380,24 +381,19 @@ static int build_prompt(serve_job *j, const serve_req *r, serve_err *e) {
                       .add_generation_prompt = 1};
     k3_chat_out out;
     memset(&out, 0, sizeof out);
-    k3_status st = k3_chat_render(tok, &cr, &out, err, sizeof err);
-    if (st) {
-        k3_chat_out_free(&out);
-        return serve_fail(e, 400, "invalid_request_error", "messages", "", "messages: %s", err);
-    }
-    if (out.ids.n > (size_t)K3_MAX_CTX) {
-        k3_chat_out_free(&out);
+    int too_long;
+    k3_status st = k3_chat_prompt_render(tok, &cr, &out, &too_long, err, sizeof err);
+    if (too_long)
         return serve_fail(e, 400, "invalid_request_error", "messages", "context_length_exceeded",
-                          "the rendered chat has %zu tokens, more than %d (K3_MAX_CTX)", out.ids.n,
-                          K3_MAX_CTX);
-    }
+                          "%s", err);
+    if (st) return serve_fail(e, 400, "invalid_request_error", "messages", "", "messages: %s", err);
     j->n_prompt = (int)out.ids.n;
     j->prompt = k3_xmalloc(out.ids.n * sizeof *j->prompt);
     memcpy(j->prompt, out.ids.v, out.ids.n * sizeof *j->prompt);
-    const k3_config *cfg = k3_engine_config(j->eng);
-    k3_chat_filter_opts fo = {.start = out.channel, .stop_ids = cfg->eos, .n_stop_ids = cfg->n_eos};
+    k3_chat_channel start = out.channel;
     k3_chat_out_free(&out);
-    if ((st = k3_chat_filter_open(&j->filter, tok, &fo, err, sizeof err)))
+    if ((st = k3_chat_prompt_filter(tok, k3_engine_config(j->eng), start, &j->filter, err,
+                                    sizeof err)))
         return serve_fail(e, 400, "invalid_request_error", "", "no_chat_tokens", "%s", err);
     return 1;
 }

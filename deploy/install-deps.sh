@@ -12,7 +12,7 @@ PKGS=(
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools
   libpcre2-dev libjansson-dev libmicrohttpd-dev libedit-dev liburing-dev
   python3 python3-numpy
-  iproute2 iptables procps psmisc strace fio curl
+  iproute2 iptables procps psmisc strace fio curl tmux
 )
 # Node.js + npm drive the browser tests and the tiktoken oracle; a machine that
 # already has them (from NodeSource, say, whose nodejs conflicts with Debian's

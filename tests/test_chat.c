@@ -785,6 +785,44 @@ static k3_tok *own_tokenizer(void) {
     return t;
 }
 
+/* k3_chat_close_turn: a generation prompt, the closing tags of an empty
+ * answer and the next message rendered without BOS equal the rendering of
+ * the whole conversation, in both modes (so the chat prompt, which extends
+ * a session's ids, matches a re-rendering when the answer's ids are the
+ * tokenizer's). */
+static void test_close_turn(void) {
+    char err[256] = "";
+    for (int think = 0; think <= 1; think++) {
+        k3_chat_msg m[3] = {{.role = "user", .content = "Hi"},
+                            {.role = "assistant", .content = "", .reasoning_content = ""},
+                            {.role = "user", .content = "Next"}};
+        k3_chat_req open_q = {
+            .msgs = m, .n_msgs = 1, .enable_thinking = think, .add_generation_prompt = 1};
+        k3_chat_req tail_q = {.msgs = m + 2,
+                              .n_msgs = 1,
+                              .enable_thinking = think,
+                              .add_generation_prompt = 1,
+                              .no_bos = 1};
+        k3_chat_req whole_q = {
+            .msgs = m, .n_msgs = 3, .enable_thinking = think, .add_generation_prompt = 1};
+        k3_chat_out a, t, b;
+        k3_status st = k3_chat_render(g_tok, &open_q, &a, err, sizeof err);
+        if (st == K3_OK) st = k3_chat_close_turn(g_tok, a.channel, &a.ids, err, sizeof err);
+        if (st == K3_OK) st = k3_chat_render(g_tok, &tail_q, &t, err, sizeof err);
+        CHECK(st == K3_OK, "close_turn (think %d): %s", think, err);
+        if (st != K3_OK) continue;
+        for (size_t i = 0; i < t.ids.n; i++) k3_tok_ids_push(&a.ids, t.ids.v[i]);
+        CHECK(k3_chat_render(g_tok, &whole_q, &b, err, sizeof err) == K3_OK, "whole renders");
+        CHECK(a.ids.n == b.ids.n && !memcmp(a.ids.v, b.ids.v, a.ids.n * sizeof *a.ids.v),
+              "think %d: prompt + close_turn + next message == the whole conversation (%zu / %zu "
+              "ids)",
+              think, a.ids.n, b.ids.n);
+        k3_chat_out_free(&a);
+        k3_chat_out_free(&t);
+        k3_chat_out_free(&b);
+    }
+}
+
 int main(void) {
     char path[512], err[512] = "";
     snprintf(path, sizeof path, "%s/tiktoken.model", t_tiny_dir());
@@ -811,6 +849,7 @@ int main(void) {
     test_continuation();
     test_injection();
     test_errors();
+    test_close_turn();
     test_json_py();
     test_filter();
     k3_tok_close(&g_tok);

@@ -310,6 +310,20 @@ typedef struct rctx {
     size_t errlen;
 } rctx;
 
+/* The four markers of tok; K3_ERR_MISSING without them. */
+static k3_status r_init(rctx *r, const k3_tok *tok, k3_chat_out *out, char *err, size_t errlen) {
+    *r = (rctx){.tok = tok, .out = out, .err = err, .errlen = errlen};
+    r->open = k3_tok_special_id(tok, "<|open|>");
+    r->close = k3_tok_special_id(tok, "<|close|>");
+    r->sep = k3_tok_special_id(tok, "<|sep|>");
+    r->eom = k3_tok_special_id(tok, "<|end_of_msg|>");
+    if (r->open < 0 || r->close < 0 || r->sep < 0 || r->eom < 0)
+        return k3_errf(K3_ERR_MISSING, err, errlen,
+                       "tokenizer has no XTML chat tokens (<|open|> <|close|> <|sep|> "
+                       "<|end_of_msg|>)");
+    return K3_OK;
+}
+
 static void r_marker(rctx *r, int32_t id) {
     size_t n;
     const uint8_t *b = k3_tok_token_bytes(r->tok, id, &n);
@@ -660,16 +674,10 @@ static int ends_in_space(const char *s) {
 k3_status k3_chat_render(const k3_tok *tok, const k3_chat_req *q, k3_chat_out *out, char *err,
                          size_t errlen) {
     memset(out, 0, sizeof *out);
-    rctx r = {.tok = tok, .out = out, .err = err, .errlen = errlen};
-    r.open = k3_tok_special_id(tok, "<|open|>");
-    r.close = k3_tok_special_id(tok, "<|close|>");
-    r.sep = k3_tok_special_id(tok, "<|sep|>");
-    r.eom = k3_tok_special_id(tok, "<|end_of_msg|>");
-    if (r.open < 0 || r.close < 0 || r.sep < 0 || r.eom < 0)
-        return k3_errf(K3_ERR_MISSING, err, errlen,
-                       "tokenizer has no XTML chat tokens (<|open|> <|close|> <|sep|> "
-                       "<|end_of_msg|>)");
-    k3_status st = validate(q, err, errlen);
+    rctx r;
+    k3_status st = r_init(&r, tok, out, err, errlen);
+    if (st != K3_OK) return st;
+    st = validate(q, err, errlen);
     if (st != K3_OK) return st;
     const k3_chat_msg *last = q->n_msgs ? &q->msgs[q->n_msgs - 1] : NULL;
     int cont = !q->add_generation_prompt && last && is_role(last->role, "assistant");
@@ -738,4 +746,24 @@ void k3_chat_out_free(k3_chat_out *out) {
     free(out->text);
     out->text = NULL;
     out->text_len = 0;
+}
+
+k3_status k3_chat_close_turn(const k3_tok *tok, k3_chat_channel ch, k3_tok_ids *ids, char *err,
+                             size_t errlen) {
+    k3_chat_out out;
+    memset(&out, 0, sizeof out);
+    rctx r;
+    k3_status st = r_init(&r, tok, &out, err, errlen);
+    if (st != K3_OK) return st;
+    if (ch == K3_CHAT_CH_THINK) {
+        st = r_close(&r, "think");
+        if (st == K3_OK) st = r_open(&r, "response", NULL, 0);
+    }
+    if (st == K3_OK) st = r_close(&r, "response");
+    if (st == K3_OK) st = r_close(&r, "message");
+    if (st == K3_OK) r_marker(&r, r.eom);
+    for (size_t i = 0; st == K3_OK && i < out.ids.n; i++) k3_tok_ids_push(ids, out.ids.v[i]);
+    k3_tok_ids_free(&out.ids);
+    free(r.text.p);
+    return st;
 }

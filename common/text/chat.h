@@ -93,6 +93,15 @@ typedef struct k3_chat_out {
 k3_status k3_chat_render(const k3_tok *tok, const k3_chat_req *req, k3_chat_out *out, char *err,
                          size_t errlen);
 void k3_chat_out_free(k3_chat_out *out);
+/* Appends to ids the tokens that close an assistant turn the model left
+ * open in channel ch (it stopped at max_tokens or was cancelled): from the
+ * think channel <|close|>think<|sep|><|open|>response<|sep|>, then
+ * <|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>, pieces as
+ * k3_chat_render encodes them. So a caller that keeps the ids a session
+ * has seen can append the next message without re-rendering the history.
+ * Fails (K3_ERR_MISSING) when tok lacks the four markers. */
+k3_status k3_chat_close_turn(const k3_tok *tok, k3_chat_channel ch, k3_tok_ids *ids, char *err,
+                             size_t errlen);
 
 /* Python json.dumps(v, separators=(",", ":"), sort_keys=True,
  * ensure_ascii=False) of the JSON text in[0..n), into a malloc'd string
@@ -153,6 +162,8 @@ void k3_chat_filter_push(k3_chat_filter *f, int32_t id, k3_chat_delta *d);
  * text. An unclosed tools block keeps its complete calls; a partial call
  * is dropped. */
 void k3_chat_filter_finish(k3_chat_filter *f, k3_chat_delta *d);
+/* The channel the output is in now (where k3_chat_close_turn starts). */
+k3_chat_channel k3_chat_filter_channel(const k3_chat_filter *f);
 int k3_chat_filter_n_calls(const k3_chat_filter *f);
 const k3_chat_call *k3_chat_filter_call(const k3_chat_filter *f, int i);
 /* "stop", "tool_calls" (stopped with calls), "length" (finish called), or

@@ -389,3 +389,5 @@ const char *k3_chat_filter_finish_reason(const k3_chat_filter *f) {
     if (f->finished) return f->n_calls ? "tool_calls" : "length";
     return NULL;
 }
+
+k3_chat_channel k3_chat_filter_channel(const k3_chat_filter *f) { return f->channel; }
