@@ -6,6 +6,7 @@
  *                  [--threads N] [--dirs a,b] [--stats]
  *   k3-coordinator tokenize ...            (coordinator/cmd_tokenize.c)
  *   k3-coordinator serve ...               (coordinator/serve.c, docs/SERVING.md)
+ *   k3-coordinator web ...                 (coordinator/cmd_web.c, docs/WEB.md)
  *
  * Every setting comes from the one table below (flags, K3_* variables,
  * defaults, ranges, --help). main() validates the options, opens the
@@ -37,6 +38,7 @@
 #include "coordinator/generate.h"
 #include "coordinator/keygen.h"
 #include "coordinator/serve.h"
+#include "coordinator/cmd_web.h"
 #include "proto/link.h"
 
 /* ---- the option table -------------------------------------------------- */
@@ -207,6 +209,8 @@ static const char *usage_text =
     "       k3-coordinator tokenize [options]    (k3-coordinator tokenize --help)\n"
     "       k3-coordinator serve --model DIR [options]    (OpenAI-compatible HTTP API, "
     "docs/SERVING.md)\n"
+    "       k3-coordinator web --model DIR [serve options]    (serve + the chat page at /, "
+    "docs/WEB.md)\n"
     "\n"
     "Generates text with Kimi K3. A text prompt is tokenized with the model\n"
     "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.";
@@ -522,6 +526,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "web")) return cmd_web(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";
