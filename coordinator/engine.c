@@ -167,6 +167,8 @@ void k3_engine_close(k3_engine **ep) {
 }
 
 const k3_config *k3_engine_config(const k3_engine *e) { return k3_model_config(e->model); }
+k3_cluster *k3_engine_cluster(k3_engine *e) { return e->cluster; }
+
 const k3_tok *k3_engine_tok(const k3_engine *e) { return e->tok; }
 
 k3_status k3_engine_encode(const k3_engine *e, const char *text, size_t len, int trusted,

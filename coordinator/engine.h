@@ -79,6 +79,9 @@ void k3_engine_close(k3_engine **e);
 const k3_config *k3_engine_config(const k3_engine *e);
 /* The tokenizer, or NULL when the model directory has none. */
 const k3_tok *k3_engine_tok(const k3_engine *e);
+/* The cluster of workers (its introspection calls are thread-safe), or NULL
+ * when the layers run in this process. Lives as long as the engine. */
+k3_cluster *k3_engine_cluster(k3_engine *e);
 
 /* BOS (when the config has one) + the tokens of text[0, len) into a new
  * array *ids [*n] owned by the caller. trusted: added tokens typed in the

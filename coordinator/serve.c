@@ -314,6 +314,8 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, int route,
         s->running, "max", s->max_running, "sessions", s->max_running, "requests", s->in_flight);
     int http = s->stopping ? 503 : 200;
     pthread_mutex_unlock(&s->mu);
+    if (o && !json_object_get(o, "workers"))
+        json_object_set_new(o, "workers", serve_web_workers(s->eng));
     return send_obj(c, http, o);
 }
 
@@ -656,6 +658,7 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     model_id_of(&o, model_id, sizeof model_id);
+    serve_web_set_dirs(o.eng.model, &o.eng.dirs);
     s.lim = (serve_limits){.ctx = o.ctx, .max_tokens = o.max_tokens, .model_id = model_id};
     s.api_key = o.api_key;
     s.max_running = o.max_queue;

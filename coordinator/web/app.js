@@ -107,7 +107,7 @@
     function fmtStats(s) {
         if (!s) return '';
         const parts = [];
-        if (s.completion_tokens != null) parts.push(s.completion_tokens + ' tokens');
+        if (s.completion_tokens != null) parts.push((s.estimated ? '≈' : '') + s.completion_tokens + ' tokens');
         if (s.tps) parts.push(s.tps.toFixed(1) + ' tok/s');
         if (s.ttft_s != null) parts.push('first token ' + s.ttft_s.toFixed(2) + ' s');
         if (s.prompt_tokens != null) {
@@ -116,7 +116,9 @@
             parts.push(p);
         }
         if (s.total_s != null) parts.push(s.total_s.toFixed(1) + ' s');
-        if (s.finish) parts.push(s.finish === 'length' ? 'hit max tokens' : s.finish);
+        if (s.finish === 'length') parts.push('max tokens reached');
+        else if (s.finish === 'stopped') parts.push('stopped');
+        else if (s.finish && s.finish !== 'stop') parts.push(s.finish);
         return parts.join(' · ');
     }
 
@@ -294,6 +296,7 @@
 
         const t0 = performance.now();
         let tFirst = null, usage = null, finish = null, pending = 0;
+        let deltas = 0; // text events: about one per token (the count when no usage came)
         const schedule = () => {
             if (!pending) pending = requestAnimationFrame(() => { pending = 0; refreshStreaming(); });
         };
@@ -344,7 +347,10 @@
                     const d = ch.delta || {};
                     if (d.reasoning_content) msg.reasoning += d.reasoning_content;
                     if (d.content) msg.content += d.content;
-                    if ((d.content || d.reasoning_content) && tFirst == null) tFirst = performance.now();
+                    if (d.content || d.reasoning_content) {
+                        deltas++;
+                        if (tFirst == null) tFirst = performance.now();
+                    }
                     if (ch.finish_reason) finish = ch.finish_reason;
                     schedule();
                 }
@@ -354,13 +360,17 @@
             else msg.error = e.message || String(e);
         }
         const tEnd = performance.now();
-        const gen = usage ? usage.completion_tokens : null;
+        const gen = usage ? usage.completion_tokens : deltas || null;
+        // decode rate: the tokens after the first over the time since it
+        // came (not measured when they all came in one read)
+        const span = tFirst != null ? (tEnd - tFirst) / 1000 : 0;
         msg.stats = {
             completion_tokens: gen,
+            estimated: !usage,
             prompt_tokens: usage ? usage.prompt_tokens : null,
             cached_tokens: usage && usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : null,
             ttft_s: tFirst != null ? (tFirst - t0) / 1000 : null,
-            tps: gen && tFirst != null && tEnd > tFirst ? gen / ((tEnd - tFirst) / 1000) : null,
+            tps: gen > 1 && span >= 0.001 ? (gen - 1) / span : null,
             total_s: (tEnd - t0) / 1000,
             finish,
         };
@@ -445,6 +455,7 @@
     };
     const num = (v, d) => (typeof v === 'number' && isFinite(v) ? v : d);
     const pct = (v) => (typeof v === 'number' && isFinite(v) ? (100 * v).toFixed(1) + '%' : '—');
+    let noMetrics = false;
     let prevBusy = null; // {t, busy:[...]} for the live busy share
 
     function renderHealth(h) {
@@ -525,9 +536,10 @@
             $('health-dot').title = 'server unreachable';
             $('cluster-summary').textContent = 'server unreachable';
         }
-        if (panelTab !== 'cluster') return;
+        if (panelTab !== 'cluster' || noMetrics) return;
         try {
             const r = await fetch('metrics', { headers: authHeaders(), cache: 'no-store' });
+            if (r.status === 404) noMetrics = true; // an older server: ask no more
             const t = r.ok ? await r.text() : '';
             const lines = t.split('\n').filter((x) => x && !x.startsWith('#'));
             $('metrics').textContent = lines.length ? lines.join('\n') : 'no /metrics on this server';
