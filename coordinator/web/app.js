@@ -455,6 +455,8 @@
     };
     const num = (v, d) => (typeof v === 'number' && isFinite(v) ? v : d);
     const pct = (v) => (typeof v === 'number' && isFinite(v) ? (100 * v).toFixed(1) + '%' : '—');
+    const bytes = (b) => (b >= 1e9 ? (b / 1e9).toFixed(2) + ' GB' : b >= 1e6 ? (b / 1e6).toFixed(1) + ' MB'
+                          : b >= 1e3 ? (b / 1e3).toFixed(1) + ' kB' : Math.round(b) + ' B');
     let noMetrics = false;
     let prevBusy = null; // {t, busy:[...]} for the live busy share
 
@@ -511,7 +513,7 @@
             row('drive', Array.isArray(w.dirs) && w.dirs.length ? w.dirs.join(', ') : '—');
             row('NUMA node', w.numa != null && w.numa >= 0 ? String(w.numa) : '—');
             row('expert cache hits', pct(w.hit_rate));
-            row('read', w.gb_read != null ? num(w.gb_read, 0).toFixed(2) + ' GB' : '—');
+            row('read from drive', w.gb_read != null ? bytes(num(w.gb_read, 0) * 1e9) : '—');
             row('busy', num(w.busy_s, 0).toFixed(1) + ' s' + (live ? ' · now ' + pct(Math.min(1, live[i])) : ''));
             card.appendChild(grid);
             const share = total > 0 ? busyS[i] / total : 0;

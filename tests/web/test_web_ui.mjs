@@ -99,6 +99,7 @@ try {
 
     // ---- send: Shift+Enter is a newline, Enter sends, the answer streams ----
     await openSettings();
+    await page.screenshot({ path: SHOTS + '/web-settings.png' });
     await setField('set-temperature', 2);
     await setField('set-seed', 11);
     await setField('set-max_tokens', 24);
