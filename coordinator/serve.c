@@ -165,7 +165,8 @@ static const char *serve_usage =
     "EP,...]\n"
     "                            [--api-key KEY] [--max-queue N] [--ctx N] [--max-tokens N]\n"
     "OpenAI-compatible HTTP API: POST /v1/chat/completions, POST /v1/completions,\n"
-    "GET /v1/models, GET /health (docs/SERVING.md).\n";
+    "GET /v1/models, GET /health (docs/SERVING.md).\n"
+    "A chat page for a browser at GET / (docs/WEB.md).\n";
 
 /* ---- server state ---------------------------------------------------------- */
 

@@ -227,6 +227,7 @@
             const text = ta.value.trim();
             if (!text) return;
             conv.messages = conv.messages.slice(0, i);
+            if (i === 0) conv.title = '';
             send(text, conv);
         };
         ta.addEventListener('keydown', (e) => {

@@ -22,11 +22,7 @@ P=$(port)
     >"$T/out" 2>"$T/err" &
 SRV=$!
 PIDS+=("$SRV")
-for _ in $(seq 1 3000); do
-    grep -q "^web UI: open http://127.0.0.1:$P/" "$T/out" && break
-    kill -0 "$SRV" 2>/dev/null || break
-    sleep 0.1
-done
+wait_line "$T/out" "^web UI: open http://127.0.0.1:$P/" "$SRV"
 if grep -q "^serving on http://127.0.0.1:$P$" "$T/out" &&
     grep -q "^web UI: open http://127.0.0.1:$P/ in a browser$" "$T/out"; then
     ok "web prints 'serving on' and the page's URL"

@@ -36,7 +36,9 @@ const browser = await chromium.launch({
 });
 const context = await browser.newContext({ viewport: { width: 1280, height: 800 }, colorScheme: 'light' });
 const page = await context.newPage();
-page.setDefaultTimeout(20000);
+// generous: under ASan a stopped answer still runs on in the server (it
+// cannot cancel yet) and holds the engine for a few seconds
+page.setDefaultTimeout(60000);
 const problems = [];
 page.on('pageerror', (e) => problems.push('page error: ' + e.message));
 page.on('console', (m) => {
@@ -64,7 +66,7 @@ const setField = async (id, v) => {
 };
 // page.waitForFunction compiles its predicate with eval inside the page,
 // which the page's CSP (script-src 'self') rightly refuses: poll from here.
-async function until(fn, arg, timeout = 20000) {
+async function until(fn, arg, timeout = 60000) {
     const end = Date.now() + timeout;
     for (;;) {
         if (await page.evaluate(fn, arg)) return true;
