@@ -61,9 +61,9 @@ int main(void) {
         for (int j = i + 1; j < k3_web_n_assets; j++)
             if (!strcmp(k3_web_assets[i].etag, k3_web_assets[j].etag)) distinct = 0;
     CHECK(distinct, "the %d files have distinct ETags", k3_web_n_assets);
-    static const char *none[] = {"",         "/index",         "/index.html?x=1", "/../index.html",
-                                 "/web/app.js", "//app.js",     "/app.js/",        "/APP.JS",
-                                 "/health",  "/v1/models",     "index.html",      "/.."};
+    static const char *none[] = {
+        "",         "/index",  "/index.html?x=1", "/../index.html", "/web/app.js", "//app.js",
+        "/app.js/", "/APP.JS", "/health",         "/v1/models",     "index.html",  "/.."};
     for (size_t i = 0; i < sizeof none / sizeof none[0]; i++)
         CHECK(!serve_web_find(none[i]), "'%s' finds no file", none[i]);
     TEST_MAIN_END();

@@ -159,8 +159,13 @@
         const body = document.createElement('div');
         body.className = 'msg-body';
         body.innerHTML = K3md.render(m.content); // escaped, then formatted
-        if (m.role === 'assistant' && busy && busy.msg === m && !m.content && !m.reasoning) {
-            body.innerHTML = '<span class="typing" aria-label="waiting for the first token"><i></i><i></i><i></i></span>';
+        if (m.role === 'assistant' && !m.content && !m.reasoning) {
+            if (busy && busy.msg === m)
+                body.innerHTML = '<span class="typing" aria-label="waiting for the first token"><i></i><i></i><i></i></span>';
+            else if (!m.error)
+                body.innerHTML = m.stats && m.stats.finish === 'stopped'
+                    ? '<span class="hint">(stopped before the first token)</span>'
+                    : '<span class="hint">(no visible text: the model ended its answer at once)</span>';
         }
         el.appendChild(body);
         if (m.error) {
@@ -578,6 +583,13 @@
             renderMessages();
             input.focus();
         };
+        $('toggle-sidebar').onclick = () => document.body.classList.toggle('side-open');
+        $('main').addEventListener('click', (e) => {
+            if (!e.target.closest('#toggle-sidebar')) document.body.classList.remove('side-open');
+        });
+        $('sidebar').addEventListener('click', (e) => {
+            if (e.target.closest('.conv-title, #new-chat')) document.body.classList.remove('side-open');
+        });
         $('toggle-settings').onclick = () => togglePanel('settings');
         $('toggle-cluster').onclick = () => togglePanel('cluster');
         $('panel-close').onclick = closePanel;

@@ -18,7 +18,7 @@ WEBDIR=$(cd "$(dirname "$0")/../web" && pwd)
 SHOTS=$(cd "$BUILD" && pwd)/screenshots
 
 P=$(port)
-"$C" web --model "$TINY" --local $WORKERS --port "$P" --api-key "$KEY" --ctx 4096 --max-queue 4 \
+"$C" web --model "$TINY" --local $WORKERS --port "$P" --api-key "$KEY" --ctx 8192 --max-queue 4 \
     >"$T/out" 2>"$T/err" &
 SRV=$!
 PIDS+=("$SRV")
