@@ -70,6 +70,7 @@ k3_status k3_cluster_generate(k3_cluster *c, k3_session *s, const int32_t *promp
         memcpy(feed + n, rec.ids, sizeof(int32_t) * (size_t)rec.n);
         k3_gen_result r;
         st = k3_generate(s, feed, n + rec.n, &o, &r, err, errlen);
+        if (attempt == 0) res->n_reused = r.n_reused; /* a replay reuses nothing */
         res->n_prefilled += r.n_prefilled;
         res->n_gen += r.n_gen;
         res->stop = r.stop;
@@ -82,6 +83,9 @@ k3_status k3_cluster_generate(k3_cluster *c, k3_session *s, const int32_t *promp
         res->stats.expert_hits += r.stats.expert_hits;
         res->stats.expert_misses += r.stats.expert_misses;
         if (!st || !resumable(st) || attempt >= max_resumes) break;
+        if (opts->cancel && atomic_load(opts->cancel))
+            break;                      /* no replay for a request that
+                                           was given up */
         if (hooks && rec.n == 0) break; /* the hooks saw part of the prompt */
         o.prompt_hooks.logits = NULL;   /* they have seen all of it */
         o.prompt_hooks.trace = NULL;

@@ -167,8 +167,6 @@ void k3_engine_close(k3_engine **ep) {
 }
 
 const k3_config *k3_engine_config(const k3_engine *e) { return k3_model_config(e->model); }
-k3_cluster *k3_engine_cluster(k3_engine *e) { return e->cluster; }
-
 const k3_tok *k3_engine_tok(const k3_engine *e) { return e->tok; }
 
 k3_status k3_engine_encode(const k3_engine *e, const char *text, size_t len, int trusted,
@@ -289,7 +287,8 @@ static k3_status run_session(k3_engine *e, k3_session *sess, const k3_engine_req
                       .n_eos = cfg->n_eos,
                       .prompt_hooks = req->prompt_hooks,
                       .on_token = req->on_token,
-                      .token_ctx = req->token_ctx};
+                      .token_ctx = req->token_ctx,
+                      .cancel = req->cancel};
     K3_INFO("prompt %d tokens, context %lld, chunk %d, %s trunk", req->n_prompt,
             (long long)k3_session_max_ctx(sess), e->chunk, e->trunk->ops->name);
     st = e->cluster ? k3_cluster_generate(e->cluster, sess, req->prompt, req->n_prompt, &go,
@@ -320,6 +319,41 @@ k3_status k3_engine_generate(k3_engine *e, const k3_engine_req *req, k3_engine_r
 }
 
 /* ---- statistics ----------------------------------------------------------- */
+
+int k3_engine_session_reuse(k3_engine *e, uint64_t id, const int32_t *prompt, int n, int max_ctx,
+                            uint64_t *last_use) {
+    int reuse = 0;
+    uint64_t lu = 0;
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_slots; i++) {
+        eng_slot *s = &e->slots[i];
+        if (!s->sess || s->busy || s->id != id) continue; /* an idle session is only read here */
+        lu = s->last_use;
+        int len = k3_session_len(s->sess);
+        if (k3_session_max_ctx(s->sess) == max_ctx && len <= n &&
+            !memcmp(k3_session_ids(s->sess), prompt, (size_t)len * sizeof *prompt))
+            reuse = len;
+        break;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (last_use) *last_use = lu;
+    return reuse;
+}
+
+void k3_engine_sessions(k3_engine *e, int *live, int *busy) {
+    int l = 0, b = 0;
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->n_slots; i++) {
+        l += e->slots[i].busy || e->slots[i].sess;
+        b += e->slots[i].busy;
+    }
+    pthread_mutex_unlock(&e->mu);
+    *live = l;
+    *busy = b;
+}
+
+k3_cluster *k3_engine_cluster(k3_engine *e) { return e->cluster; }
+k3_model *k3_engine_model(k3_engine *e) { return e->model; }
 
 /* Peak resident set in MiB from /proc/self/status (VmHWM), or -1. */
 static double peak_rss_mib(void) {

@@ -21,13 +21,18 @@
  * replays the session's ids (k3_cluster_generate): the tokens equal an
  * uninterrupted run's.
  *
- * Not handled: cancelling a running generation; sessions that outgrow the
+ * Cancellation: k3_engine_req.cancel stops a running generation between
+ * steps (K3_ERR_CANCEL); in-process a step is every layer of one chunk, with
+ * workers one chunk through every stage.
+ *
+ * Not handled: sessions that outgrow the
  * capacity they were opened with (a request with another capacity reopens
  * the session and loses its prefix).
  */
 #ifndef K3_ENGINE_H
 #define K3_ENGINE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,9 +84,6 @@ void k3_engine_close(k3_engine **e);
 const k3_config *k3_engine_config(const k3_engine *e);
 /* The tokenizer, or NULL when the model directory has none. */
 const k3_tok *k3_engine_tok(const k3_engine *e);
-/* The cluster of workers (its introspection calls are thread-safe), or NULL
- * when the layers run in this process. Lives as long as the engine. */
-k3_cluster *k3_engine_cluster(k3_engine *e);
 
 /* BOS (when the config has one) + the tokens of text[0, len) into a new
  * array *ids [*n] owned by the caller. trusted: added tokens typed in the
@@ -103,10 +105,17 @@ typedef struct k3_engine_req {
                                    (after a worker loss, progress restarts with the replay) */
     void (*on_token)(void *ctx, int32_t id); /* each generated id as soon as it is sampled */
     void *token_ctx;
+    /* Cancellation (NULL = none), set by any thread: once it reads nonzero
+     * the generation stops before its next step (every prefill chunk,
+     * every decode token) and returns K3_ERR_CANCEL. The session keeps the
+     * ids committed so far (prompt chunks and generated tokens), so the
+     * next request on it reuses them. */
+    const atomic_int *cancel;
 } k3_engine_req;
 
 typedef struct k3_engine_result {
-    k3_gen_result gen;  /* counts, stop rule, timings, step statistics */
+    k3_gen_result gen;  /* counts (prompt tokens reused as the session's prefix: gen.n_reused;
+                           prefilled now: gen.n_prefilled), stop rule, timings, step statistics */
     int max_ctx;        /* capacity of the session, tokens */
     size_t state_bytes; /* session state held in this process after the call */
 } k3_engine_result;
@@ -118,6 +127,22 @@ typedef struct k3_engine_result {
  * passed to on_token and *res holds what ran. */
 k3_status k3_engine_generate(k3_engine *e, const k3_engine_req *req, k3_engine_result *res,
                              char *err, size_t errlen);
+
+/* How many leading ids of prompt[0, n) a request on session id with
+ * capacity max_ctx would reuse: the session's committed ids when they are
+ * a prefix of prompt, else 0 (also when the session is not held, is
+ * running or has another capacity). *last_use (may be NULL) gets its
+ * least-recently-used clock, 0 when not held. For a server that picks the
+ * session with the longest reusable prefix. */
+int k3_engine_session_reuse(k3_engine *e, uint64_t id, const int32_t *prompt, int n, int max_ctx,
+                            uint64_t *last_use);
+/* Sessions held now (*live, idle or running) and running (*busy). */
+void k3_engine_sessions(k3_engine *e, int *live, int *busy);
+/* The cluster of the trunk, or NULL in-process (introspection: stages,
+ * per-stage statistics). */
+k3_cluster *k3_engine_cluster(k3_engine *e);
+/* The model (in-process: every layer and its expert store). */
+k3_model *k3_engine_model(k3_engine *e);
 
 /* The --stats lines for res (step statistics, the in-process expert store,
  * memory, per-stage cluster lines) on f. */

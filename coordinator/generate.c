@@ -273,9 +273,21 @@ fail:
     return st;
 }
 
-/* Feeds ids[0, n) after the committed ids, in chunks. */
+/* 1 when the caller asked to stop (generate.h, k3_feed_hooks.cancel). */
+static int cancelled(const atomic_int *cancel) {
+    return cancel && atomic_load_explicit(cancel, memory_order_acquire) != 0;
+}
+
+static k3_status cancel_err(const k3_session *s, char *err, size_t errlen) {
+    return k3_errf(K3_ERR_CANCEL, err, errlen, "cancelled at position %d (%d ids kept)", s->n_ids,
+                   s->n_ids);
+}
+
+/* Feeds ids[0, n) after the committed ids, in chunks; *done (may be NULL)
+ * counts the tokens committed, also when it stops early. */
 static k3_status sess_prefill(k3_session *s, const int32_t *ids, int n, const k3_feed_hooks *hk,
-                              char *err, size_t errlen) {
+                              int *n_done, char *err, size_t errlen) {
+    if (n_done) *n_done = 0;
     if (n > s->max_ctx - s->n_ids)
         return k3_errf(K3_ERR_LIMIT, err, errlen,
                        "%d tokens after %d committed exceed the context of %d tokens (K3_MAXT)", n,
@@ -291,10 +303,12 @@ static k3_status sess_prefill(k3_session *s, const int32_t *ids, int n, const k3
     double t_start = k3_now_ms();
     for (int c = 0, done = 0; done < n; c++) {
         int T = n - done < s->chunk ? n - done : s->chunk;
+        if (cancelled(hk ? hk->cancel : NULL)) return cancel_err(s, err, errlen);
         double t0 = k3_now_ms();
         k3_status st = sess_step(s, ids + done, T, hk, err, errlen);
         if (st) return st;
         done += T;
+        if (n_done) *n_done = done;
         if (hk && hk->progress) hk->progress(hk->progress_ctx, done, n);
         if (s->progress && n > 1) {
             double dt = k3_now_ms() - t0, all = k3_now_ms() - t_start;
@@ -309,7 +323,7 @@ k3_status k3_session_append(k3_session *s, const int32_t *ids, int n, const k3_f
                             const float **logits, char *err, size_t errlen) {
     if (logits) *logits = NULL;
     if (n < 1) return k3_errf(K3_ERR_ARG, err, errlen, "append: %d tokens, need at least 1", n);
-    k3_status st = sess_prefill(s, ids, n, hooks, err, errlen);
+    k3_status st = sess_prefill(s, ids, n, hooks, NULL, err, errlen);
     if (!st && logits) *logits = s->logits_valid ? s->logits : NULL;
     return st;
 }
@@ -341,7 +355,9 @@ k3_status k3_session_feed(k3_session *s, const int32_t *ids, int n, const k3_fee
         tail = n;
     }
     if (tail > 0) {
-        k3_status st = sess_prefill(s, ids + s->n_ids, tail, hooks, err, errlen);
+        int done = 0;
+        k3_status st = sess_prefill(s, ids + s->n_ids, tail, hooks, &done, err, errlen);
+        if (n_fed) *n_fed = done;
         if (st) return st;
     }
     if (n_fed) *n_fed = tail;
@@ -370,17 +386,25 @@ k3_status k3_generate(k3_session *s, const int32_t *prompt, int n, const k3_gen_
                        "(use --ngen 0 with --trace)");
     if (o->ngen > 0 && !o->sampler) return k3_errf(K3_ERR_ARG, err, errlen, "generate: no sampler");
     k3_step_stats before = s->stats;
+    k3_feed_hooks hooks = o->prompt_hooks;
+    if (!hooks.cancel) hooks.cancel = o->cancel;
 
     const float *logits = NULL;
     double t0 = k3_now_ms();
-    k3_status st =
-        k3_session_feed(s, prompt, n, &o->prompt_hooks, &logits, &r->n_prefilled, err, errlen);
+    /* the prefix the feed keeps: every committed id when prompt extends them */
+    r->n_reused =
+        s->n_ids <= n && !memcmp(s->ids, prompt, (size_t)s->n_ids * sizeof(int32_t)) ? s->n_ids : 0;
+    k3_status st = k3_session_feed(s, prompt, n, &hooks, &logits, &r->n_prefilled, err, errlen);
     r->prefill_ms = k3_now_ms() - t0;
     if (st) return st;
 
     double t1 = k3_now_ms();
     while (r->n_gen < o->ngen) {
         int32_t id = 0;
+        if (cancelled(o->cancel)) {
+            st = cancel_err(s, err, errlen);
+            break;
+        }
         if ((st = k3_sampler_sample(o->sampler, logits, &id, err, errlen))) {
             k3_err_prefix(err, errlen, "position %d", s->n_ids - 1);
             break;
@@ -397,6 +421,10 @@ k3_status k3_generate(k3_session *s, const int32_t *prompt, int n, const k3_gen_
         }
         if (s->n_ids >= s->max_ctx) {
             r->stop = K3_STOP_CTX;
+            break;
+        }
+        if (cancelled(o->cancel)) {
+            st = cancel_err(s, err, errlen);
             break;
         }
         if ((st = k3_session_append(s, &id, 1, NULL, &logits, err, errlen))) break;

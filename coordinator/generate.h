@@ -24,6 +24,7 @@
 #ifndef K3_GENERATE_H
 #define K3_GENERATE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -88,6 +89,10 @@ typedef struct k3_feed_hooks {
      * prefills (not called when nothing is prefilled). */
     void (*progress)(void *ctx, int done, int n);
     void *progress_ctx;
+    /* Cancellation (NULL = none): read before every chunk; once nonzero the
+     * feed stops there with K3_ERR_CANCEL and the session keeps the chunks
+     * committed so far (a later feed extending them reuses them). */
+    const atomic_int *cancel;
 } k3_feed_hooks;
 
 k3_status k3_session_open(k3_session **out, k3_model *m, k3_trunk *trunk,
@@ -108,9 +113,10 @@ int k3_session_has_head(const k3_session *s);
  * ids only the tail is prefilled, otherwise the session resets and
  * prefills everything. *logits (if not NULL) receives the logits [vocab] of
  * the last position, valid until the next call on the session; *n_fed the
- * number of tokens actually prefilled. Errors: n < 1, n > max_ctx, an id
- * outside the vocabulary, non-finite logits, a trunk failure (the session is
- * then reset). */
+ * number of tokens actually prefilled (also when cancelled part way).
+ * Errors: n < 1, n > max_ctx, an id outside the vocabulary, non-finite
+ * logits, a trunk failure (the session is then reset), K3_ERR_CANCEL
+ * (hooks->cancel: the session keeps the chunks committed before it). */
 k3_status k3_session_feed(k3_session *s, const int32_t *ids, int n, const k3_feed_hooks *hooks,
                           const float **logits, int *n_fed, char *err, size_t errlen);
 
@@ -136,11 +142,19 @@ typedef struct k3_gen_opts {
     /* Called with each generated id as soon as it is sampled. */
     void (*on_token)(void *ctx, int32_t id);
     void *token_ctx;
+    /* Cancellation (NULL = none): read before every prefill chunk and every
+     * decode step; once nonzero k3_generate returns K3_ERR_CANCEL there.
+     * The session keeps every id committed so far (the prompt chunks fed
+     * and the generated tokens fed back), so the next request extending
+     * them reuses them. */
+    const atomic_int *cancel;
 } k3_gen_opts;
 
 typedef struct k3_gen_result {
     int n_prompt;    /* prompt tokens */
-    int n_prefilled; /* of which prefilled now (the rest were reused) */
+    int n_reused;    /* of which kept from the session's committed ids (the prefix) */
+    int n_prefilled; /* of which prefilled now (n_prompt - n_reused when the prefill ran to the
+                        end; fewer when cancelled; a replay after a worker loss counts again) */
     int n_gen;       /* tokens generated */
     k3_stop stop;
     double prefill_ms;   /* wall time of the prompt's prefill */
@@ -150,7 +164,9 @@ typedef struct k3_gen_result {
 } k3_gen_result;
 
 /* Feeds prompt[0, n) (prefix reuse as k3_session_feed), then samples up to
- * ngen tokens, feeding each back except the last one and an eos. */
+ * ngen tokens, feeding each back except the last one and an eos. With
+ * opts->cancel set it stops before the next chunk or step with
+ * K3_ERR_CANCEL; *res then counts what ran. */
 k3_status k3_generate(k3_session *s, const int32_t *prompt, int n, const k3_gen_opts *opts,
                       k3_gen_result *res, char *err, size_t errlen);
 

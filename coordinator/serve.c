@@ -15,9 +15,9 @@
  *
  * Shutdown: the signal handler only writes to a pipe. The main thread then
  * quiesces the daemon (no new connections), waits up to --drain-s for the
- * requests in flight, aborts streams still open, stops the daemon, waits for
- * the generations (bounded by their max_tokens: the engine cannot cancel)
- * and closes the engine.
+ * requests in flight, aborts (cancels) the generations still open, stops
+ * the daemon, waits for them (each ends within one step) and closes the
+ * engine.
  */
 #include "coordinator/serve.h"
 
@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -45,6 +46,7 @@
 #include "common/engine/engine_opts.h"
 #include "coordinator/engine.h"
 #include "coordinator/serve_api.h"
+#include "coordinator/serve_stats.h"
 #include "coordinator/serve_web.h"
 #include "proto/link.h"
 
@@ -54,14 +56,17 @@ typedef struct serve_opts {
     k3_engine_opts eng; /* model, numerics, threads, expert cache */
     char *host;         /* listen address (numeric IPv4) */
     int port;
-    k3_cluster_cli cl; /* K3_CLUSTER_OPT_ROWS: --local, --workers, liveness, keys */
-    char *api_key;     /* required Bearer token, NULL = open */
-    int max_queue;     /* generations admitted at once */
-    int ctx;           /* context of every session, tokens */
-    int max_tokens;    /* default max_tokens */
-    int chunk;         /* prefill chunk */
-    int drain_s;       /* shutdown: how long requests in flight may take */
-    char *model_id;    /* id in /v1/models, NULL = the model directory's name */
+    k3_cluster_cli cl;  /* K3_CLUSTER_OPT_ROWS: --local, --workers, liveness, keys */
+    char *api_key;      /* required Bearer token, NULL = open */
+    int max_queue;      /* generations admitted at once */
+    int max_sessions;   /* sessions kept for prefix reuse (>= max_queue) */
+    int ctx;            /* context of every session, tokens */
+    int max_tokens;     /* default max_tokens */
+    int chunk;          /* prefill chunk */
+    int drain_s;        /* shutdown: how long requests in flight may take */
+    int conn_timeout_s; /* idle connection timeout; also the deadline of a request body */
+    int max_conns;      /* connections at once (a thread each) */
+    char *model_id;     /* id in /v1/models, NULL = the model directory's name */
     int help;
 } serve_opts;
 
@@ -103,6 +108,17 @@ static const k3_opt serve_table[] = {
      .max = K3_SERVE_MAX_QUEUE,
      .metavar = "N",
      .help = "generations running at once; one more is refused with 429"},
+    {.name = "max_sessions",
+     .flag = "--max-sessions",
+     .env = "K3_MAX_SESSIONS",
+     .type = K3_OPT_INT,
+     .offset = O(max_sessions),
+     .def = "16",
+     .min = 1,
+     .max = K3_SERVE_MAX_QUEUE,
+     .metavar = "N",
+     .help = "conversations kept for prefix reuse (>= --max-queue); a request takes the idle one "
+             "whose ids are the longest prefix of its prompt, else the least recently used"},
     {.name = "ctx",
      .flag = "--ctx",
      .env = "K3_MAXT",
@@ -142,6 +158,27 @@ static const k3_opt serve_table[] = {
      .max = 3600,
      .metavar = "S",
      .help = "at shutdown, how long requests in flight may still take"},
+    {.name = "conn_timeout_s",
+     .flag = "--conn-timeout-s",
+     .env = "K3_CONN_TIMEOUT_S",
+     .type = K3_OPT_INT,
+     .offset = O(conn_timeout_s),
+     .def = "30",
+     .min = 1,
+     .max = 3600,
+     .metavar = "S",
+     .help = "a connection silent this long is closed, and so is one whose request body does "
+             "not arrive within it: slow clients cannot hold a thread"},
+    {.name = "max_conns",
+     .flag = "--max-conns",
+     .env = "K3_MAX_CONNS",
+     .type = K3_OPT_INT,
+     .offset = O(max_conns),
+     .def = "512",
+     .min = 1,
+     .max = K3_SERVE_MAX_CONNS,
+     .metavar = "N",
+     .help = "connections served at once (a thread each); more are closed at accept"},
     {.name = "model_id",
      .flag = "--model-id",
      .type = K3_OPT_STRING,
@@ -163,37 +200,44 @@ static const k3_opt serve_table[] = {
 static const char *serve_usage =
     "usage: k3-coordinator serve --model DIR [--host ADDR] [--port N] [--local N | --workers "
     "EP,...]\n"
-    "                            [--api-key KEY] [--max-queue N] [--ctx N] [--max-tokens N]\n"
+    "                            [--api-key KEY] [--max-queue N] [--max-sessions N] [--ctx N]\n"
+    "                            [--max-tokens N]\n"
     "OpenAI-compatible HTTP API: POST /v1/chat/completions, POST /v1/completions,\n"
-    "GET /v1/models, GET /health (docs/SERVING.md).\n"
+    "GET /v1/models, GET /health, GET /metrics (docs/SERVING.md).\n"
     "A chat page for a browser at GET / (docs/WEB.md).\n";
 
 /* ---- server state ---------------------------------------------------------- */
 
 typedef struct server {
     k3_engine *eng;
+    const k3_engine_opts *eng_opts; /* directories for /health */
     serve_limits lim;
     const char *api_key; /* NULL = open */
+    int body_timeout_ms; /* --conn-timeout-s: a body must arrive within it */
     pthread_mutex_t mu;  /* guards the counts, the id pool and the job list */
     pthread_cond_t cv;   /* signalled when a count drops */
     int running;         /* generations admitted and not yet ended */
-    int max_running;
-    int *id_free;        /* [max_running] 1 = session id i is free */
+    int max_running;     /* --max-queue */
+    int n_ids;           /* --max-sessions: session ids 0..n_ids-1 */
+    int *id_free;        /* [n_ids] 1 = session id i is not running */
     int in_flight;       /* HTTP requests between the first call and completion */
     int stopping;        /* shutdown began: refuse, end streams */
     struct conn **conns; /* [max_running * 2] requests holding a job (abort at shutdown) */
     int n_conns, cap_conns;
+    serve_metrics m; /* (mu) /metrics counters */
 } server;
 
 /* One HTTP request (libmicrohttpd's con_cls). */
 typedef struct conn {
     server *srv;
-    int route;       /* ROUTE_* */
-    k3_strbuf body;  /* the upload, at most K3_SERVE_MAX_BODY bytes */
-    int too_big;     /* the body passed the limit: 413 at the end */
-    int answered;    /* a refusal was queued at the headers */
-    serve_job *job;  /* the running generation, a reference */
-    int keepalive_s; /* seconds without an SSE write */
+    struct MHD_Connection *mc; /* the connection, for the client-gone probe */
+    int route;                 /* ROUTE_* */
+    k3_strbuf body;            /* the upload, at most K3_SERVE_MAX_BODY bytes */
+    int too_big;               /* the body passed the limit: 413 at the end */
+    int answered;              /* a refusal was queued at the headers */
+    serve_job *job;            /* the running generation, a reference */
+    int idle_ticks;            /* 250 ms reader rounds without an SSE write */
+    double t0_ms;              /* the headers arrived (the body deadline counts from here) */
 } conn;
 
 enum {
@@ -204,6 +248,7 @@ enum {
     ROUTE_MODEL,
     ROUTE_NO_MODEL, /* /v1/models/{another id} */
     ROUTE_HEALTH,
+    ROUTE_METRICS,
     ROUTE_WEB /* the chat page's files (serve_web.h) */
 };
 
@@ -228,6 +273,7 @@ static enum MHD_Result send_json_hdr(struct MHD_Connection *c, int http, const c
     if (allow) MHD_add_response_header(r, "Allow", allow);
     if (request_id) MHD_add_response_header(r, "x-request-id", request_id);
     if (http == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (http == 429) MHD_add_response_header(r, "Retry-After", "1");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)http, r);
     MHD_destroy_response(r);
     return ret;
@@ -256,6 +302,7 @@ static int route_of(const serve_limits *lim, const char *url, const char **metho
     if (!strncmp(url, "/v1/models/", 11))
         return strcmp(url + 11, lim->model_id) ? ROUTE_NO_MODEL : ROUTE_MODEL;
     if (!strcmp(url, "/health")) return ROUTE_HEALTH;
+    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
     if (serve_web_find(url)) return ROUTE_WEB;
     return ROUTE_NONE;
 }
@@ -306,32 +353,64 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, int route,
                    "this server serves one model, '%.200s'", s->lim.model_id);
         return send_err(c, &e);
     }
+    if (route == ROUTE_METRICS) {
+        pthread_mutex_lock(&s->mu);
+        serve_metrics m = s->m;
+        int running = s->running;
+        pthread_mutex_unlock(&s->mu);
+        char *text = serve_metrics_text(s->eng, &m, running, s->max_running);
+        struct MHD_Response *r =
+            MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+        if (!r) {
+            free(text);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8");
+        enum MHD_Result ret = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     /* /health: ready once the engine is open (the daemon starts after) */
     const k3_config *cfg = k3_engine_config(s->eng);
+    int live = 0, busy = 0;
+    k3_engine_sessions(s->eng, &live, &busy);
     pthread_mutex_lock(&s->mu);
-    json_t *o = json_pack(
-        "{s:s,s:s,s:i,s:i,s:{s:i,s:i},s:i,s:i}", "status", s->stopping ? "stopping" : "ok", "model",
-        s->lim.model_id, "layers", cfg->n_layers, "context", s->lim.ctx, "queue", "running",
-        s->running, "max", s->max_running, "sessions", s->max_running, "requests", s->in_flight);
+    serve_metrics m = s->m;
+    json_t *o = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "status",
+                          s->stopping ? "stopping" : "ok", "model", s->lim.model_id, "layers",
+                          cfg->n_layers, "context", s->lim.ctx, "queue", s->running, "running",
+                          s->running, "max_queue", s->max_running, "sessions", live, "max_sessions",
+                          s->n_ids, "sessions_busy", busy, "requests", s->in_flight);
     int http = s->stopping ? 503 : 200;
     pthread_mutex_unlock(&s->mu);
-    if (o && !json_object_get(o, "workers"))
-        json_object_set_new(o, "workers", serve_web_workers(s->eng));
+    double hit_rate = 0, gb_read = 0;
+    json_t *ws = serve_workers_json(s->eng, s->eng_opts, &m, &hit_rate, &gb_read);
+    json_object_set_new(o, "hit_rate", json_real(hit_rate));
+    json_object_set_new(o, "gb_read", json_real(gb_read));
+    json_object_set_new(o, "workers", ws);
     return send_obj(c, http, o);
 }
 
 /* ---- generations ------------------------------------------------------------ */
 
-/* Takes a session id and a running slot; -1 when --max-queue are running. */
-static int admit(server *s) {
-    int id = -1;
+/* Takes a running slot and the idle session whose committed ids are the
+ * longest prefix of prompt (ties and no reuse: the least recently used, a
+ * never used one first); -1 when --max-queue are running or shutting down. */
+static int admit(server *s, const int32_t *prompt, int n) {
+    int id = -1, best = -1;
+    uint64_t best_lu = 0;
     pthread_mutex_lock(&s->mu);
     if (!s->stopping && s->running < s->max_running) {
-        for (int i = 0; i < s->max_running; i++)
-            if (s->id_free[i]) {
+        for (int i = 0; i < s->n_ids; i++) {
+            if (!s->id_free[i]) continue;
+            uint64_t lu = 0;
+            int reuse = k3_engine_session_reuse(s->eng, (uint64_t)i, prompt, n, s->lim.ctx, &lu);
+            if (reuse > best || (reuse == best && lu < best_lu)) {
+                best = reuse;
+                best_lu = lu;
                 id = i;
-                break;
             }
+        }
         if (id >= 0) {
             s->id_free[id] = 0;
             s->running++;
@@ -344,8 +423,20 @@ static int admit(server *s) {
 /* The job's done callback (its thread) or a start that failed. */
 typedef struct done_ctx {
     server *srv;
-    int session;
+    int session; /* -1 until admitted */
 } done_ctx;
+
+/* serve_job_start's admission callback. */
+static int job_admit(void *ctx, const int32_t *prompt, int n) {
+    done_ctx *d = ctx;
+    d->session = admit(d->srv, prompt, n);
+    if (d->session < 0) {
+        pthread_mutex_lock(&d->srv->mu);
+        d->srv->m.rejected_queue++;
+        pthread_mutex_unlock(&d->srv->mu);
+    }
+    return d->session;
+}
 
 static void release(server *s, int session) {
     pthread_mutex_lock(&s->mu);
@@ -355,10 +446,25 @@ static void release(server *s, int session) {
     pthread_mutex_unlock(&s->mu);
 }
 
-static void job_done(void *ctx) {
+static void job_done(void *ctx, const serve_job_stats *st) {
     done_ctx *d = ctx;
+    pthread_mutex_lock(&d->srv->mu);
+    serve_metrics_add(&d->srv->m, st);
+    pthread_mutex_unlock(&d->srv->mu);
     release(d->srv, d->session);
     free(d);
+}
+
+/* 1 when the client has closed its end (or the socket failed): a peek
+ * that reads end-of-file. Called on the connection's own thread. */
+static int client_gone(void *ctx) {
+    conn *k = ctx;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(k->mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    ssize_t r = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 static void conn_track(server *s, conn *k, int add) {
@@ -380,20 +486,27 @@ static void conn_track(server *s, conn *k, int add) {
 }
 
 /* The SSE reader: blocks (this connection's own thread) until the job has
- * events; a comment line every 10 s keeps idle proxies from closing the
- * stream during a long prefill. */
+ * events. Every 250 ms without any it looks whether the client is gone
+ * (then the job is cancelled and the connection closed: the engine stops
+ * within one step); a comment line every 10 s keeps idle proxies from
+ * closing the stream during a long prefill. A client that leaves while
+ * events flow is seen by the failing write instead (on_completed). */
 static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     conn *k = cls;
     for (;;) {
-        long n = serve_job_read(k->job, buf, max, 1000);
+        long n = serve_job_read(k->job, buf, max, 250);
         if (n > 0) {
-            k->keepalive_s = 0;
+            k->idle_ticks = 0;
             return n;
         }
         if (n < 0) return MHD_CONTENT_READER_END_OF_STREAM;
-        if (++k->keepalive_s >= 10 && max >= 16) {
-            k->keepalive_s = 0;
+        if (client_gone(k)) {
+            serve_job_cancel(k->job);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (++k->idle_ticks >= 40 && max >= 16) {
+            k->idle_ticks = 0;
             memcpy(buf, ": keep-alive\n\n", 14);
             return 14;
         }
@@ -409,28 +522,21 @@ static enum MHD_Result run_generation(conn *k, struct MHD_Connection *c) {
         serve_req_free(&r);
         return send_err(c, &e);
     }
-    int id = admit(s);
-    if (id < 0) {
-        serve_req_free(&r);
-        serve_fail(&e, 429, "rate_limit_error", "", "queue_full",
-                   "%d requests are running (--max-queue %d): retry later", s->max_running,
-                   s->max_running);
-        return send_err(c, &e);
-    }
     done_ctx *d = k3_xmalloc(sizeof *d);
     d->srv = s;
-    d->session = id;
-    int ok = serve_job_start(&k->job, s->eng, &r, &s->lim, (uint64_t)id, job_done, d, &e);
+    d->session = -1;
+    int ok = serve_job_start(&k->job, s->eng, &r, &s->lim, job_admit, job_done, d, &e);
     int stream = r.stream;
     serve_req_free(&r);
     if (!ok) {
+        if (d->session >= 0) release(s, d->session);
         free(d);
-        release(s, id);
         return send_err(c, &e);
     }
     conn_track(s, k, 1);
     if (!stream) {
-        char *json = serve_job_wait(k->job, &e);
+        char *json = serve_job_wait(k->job, client_gone, k, &e);
+        if (!json && client_gone(k)) return MHD_NO; /* nobody to answer: close */
         enum MHD_Result ret =
             json ? send_json_hdr(c, 200, json, NULL, serve_job_id(k->job)) : send_err(c, &e);
         free(json);
@@ -474,7 +580,8 @@ static enum MHD_Result first_call(conn *k, struct MHD_Connection *c, const char 
         free(j);
         return ret;
     }
-    if (k->route != ROUTE_HEALTH && k->route != ROUTE_WEB && !authorized(s, c)) {
+    if (k->route != ROUTE_HEALTH && k->route != ROUTE_METRICS && k->route != ROUTE_WEB &&
+        !authorized(s, c)) {
         serve_fail(&e, 401, "authentication_error", "", "invalid_api_key",
                    "missing or wrong API key (Authorization: Bearer KEY)");
         return send_err(c, &e);
@@ -499,6 +606,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!k) {
         k = k3_xcalloc(1, sizeof *k);
         k->srv = s;
+        k->mc = c;
+        k->t0_ms = k3_now_ms();
         *con_cls = k;
         pthread_mutex_lock(&s->mu);
         s->in_flight++;
@@ -509,6 +618,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (k->answered) { /* refused at the headers: the body is dropped */
         *upload_size = 0;
         return MHD_YES;
+    }
+    if (*upload_size && k3_now_ms() - k->t0_ms > s->body_timeout_ms) {
+        /* a body trickled in slower than the deadline: close the connection
+         * (libmicrohttpd would hold a queued answer until the whole body
+         * came, which is what the client is slow at) */
+        K3_WARN("serve: a request body took over %d s (--conn-timeout-s): connection closed",
+                s->body_timeout_ms / 1000);
+        return MHD_NO;
     }
     if (*upload_size) {
         if (k->body.n + *upload_size > K3_SERVE_MAX_BODY)
@@ -545,12 +662,14 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (!k) return;
     *con_cls = NULL;
     if (k->job) {
+        serve_job_cancel(k->job); /* no effect once the answer is complete */
         conn_track(s, k, 0);
         serve_job_unref(&k->job);
     }
     free(k->body.p);
     free(k);
     pthread_mutex_lock(&s->mu);
+    s->m.http_requests++;
     s->in_flight--;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -587,7 +706,8 @@ static void engine_settings(const serve_opts *o, const k3_opt_src *src, k3_engin
     eo->resume_wait_ms = o->cl.retry.resume_wait_ms;
     eo->chunk = o->chunk;
     eo->progress = 0; /* no stderr line per prefill chunk of every request */
-    eo->n_sessions = o->max_queue;
+    eo->n_sessions = o->max_sessions;
+    eo->cluster.max_sessions = o->max_sessions; /* local workers keep as many states */
 }
 
 /* The served model id: --model-id, else the directory's last component. */
@@ -621,6 +741,11 @@ static int parse_cli(int argc, char **argv, serve_opts *o, k3_opt_src *src) {
                 k3_errf(K3_ERR_ARG, err, sizeof err, "--model: missing (the checkpoint directory)");
         if (!st && n_pos > 0)
             st = k3_errf(K3_ERR_ARG, err, sizeof err, "unexpected argument '%s'", pos[0]);
+        if (!st && o->max_sessions < o->max_queue)
+            st = k3_errf(K3_ERR_ARG, err, sizeof err,
+                         "--max-sessions %d < --max-queue %d: every running generation needs a "
+                         "session",
+                         o->max_sessions, o->max_queue);
         if (!st && o->api_key && !*o->api_key)
             st = k3_errf(K3_ERR_ARG, err, sizeof err, "--api-key: empty");
         if (!st)
@@ -659,12 +784,14 @@ int cmd_serve(int argc, char **argv) {
         goto out;
     }
     model_id_of(&o, model_id, sizeof model_id);
-    serve_web_set_dirs(o.eng.model, &o.eng.dirs);
     s.lim = (serve_limits){.ctx = o.ctx, .max_tokens = o.max_tokens, .model_id = model_id};
+    s.eng_opts = &o.eng;
     s.api_key = o.api_key;
+    s.body_timeout_ms = o.conn_timeout_s * 1000;
     s.max_running = o.max_queue;
-    s.id_free = k3_xmalloc((size_t)o.max_queue * sizeof *s.id_free);
-    for (int i = 0; i < o.max_queue; i++) s.id_free[i] = 1;
+    s.n_ids = o.max_sessions;
+    s.id_free = k3_xmalloc((size_t)s.n_ids * sizeof *s.id_free);
+    for (int i = 0; i < s.n_ids; i++) s.id_free[i] = 1;
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
 
@@ -689,7 +816,8 @@ int cmd_serve(int argc, char **argv) {
                              MHD_USE_ITC | MHD_USE_ERROR_LOG,
                          (uint16_t)o.port, NULL, NULL, on_request, &s, MHD_OPTION_SOCK_ADDR, &sin,
                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
-                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
+                         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.conn_timeout_s,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_conns, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "k3-coordinator serve: cannot listen on %s:%d: %s\n", o.host, o.port,
                 strerror(errno));
@@ -717,7 +845,7 @@ int cmd_serve(int argc, char **argv) {
         pthread_mutex_unlock(&s.mu);
     }
     MHD_stop_daemon(d);
-    wait_zero(&s, &s.running, -1); /* the engine cannot cancel: generations end on their own */
+    wait_zero(&s, &s.running, -1); /* aborted ones were cancelled: each ends within a step */
     rc = 0;
 out_engine:
     k3_engine_close(&s.eng);

@@ -12,9 +12,9 @@
  * request body only during parsing.
  * Threads: parsing is reentrant. A job is shared by its generation thread
  * and the HTTP connection thread that reads it, under the job's own lock;
- * it is freed when both have let go (reference count), so a client that
- * disconnects mid-stream does not stop the generation (there is no
- * cancellation yet) but nothing is written for it any more.
+ * it is freed when both have let go (reference count). A client that
+ * disconnects is seen by the HTTP layer, which calls serve_job_cancel: the
+ * engine stops before its next step (k3_engine_req.cancel).
  *
  * Not handled: n > 1, logprobs, response_format, penalties, logit_bias
  * (refused with 400 naming the field); images and audio parts (400).
@@ -88,15 +88,32 @@ void serve_req_free(serve_req *r);
 
 typedef struct serve_job serve_job;
 
+/* What one generation did, handed to the done callback (the server's
+ * metrics and its running count). */
+typedef struct serve_job_stats {
+    int n_prompt, n_reused, n_prefilled; /* prompt tokens: all, kept from the session, prefilled */
+    int n_gen;                           /* tokens generated */
+    double prefill_ms, decode_ms;        /* wall time of the prefill and of the decode steps */
+    int n_decode_steps;                  /* forward steps in decode_ms */
+    double ttft_ms;                      /* start to the first token, 0 = none */
+    int cancelled;                       /* the client went away (serve_job_cancel) */
+    int failed;                          /* the engine failed */
+    k3_step_stats step;                  /* expert bytes read, hits, compute time */
+} serve_job_stats;
+
 /* Renders / encodes r, checks the prompt against lim->ctx (400
  * context_length_exceeded when not even one token fits), clamps
- * max_tokens to the room left and starts the generation thread on
- * session_id. On success *out holds one reference for the caller; the job
- * calls done(done_ctx) from its thread when the generation has ended (the
- * server's running count). Returns 0 with e filled on failure (nothing
- * started, done not called). */
+ * max_tokens to the room left, asks admit(done_ctx, prompt, n) for a
+ * session id (-1: the queue is full, 429) and starts the generation thread
+ * on it. On success *out holds one reference for the caller; the job calls
+ * done(done_ctx, stats) from its thread when the engine has returned (the
+ * server's running count and metrics). Returns 0 with e filled on failure
+ * (no thread started, done not called; when admit had given an id the
+ * caller still holds it). */
 int serve_job_start(serve_job **out, k3_engine *eng, const serve_req *r, const serve_limits *lim,
-                    uint64_t session_id, void (*done)(void *ctx), void *done_ctx, serve_err *e);
+                    int (*admit)(void *ctx, const int32_t *prompt, int n),
+                    void (*done)(void *ctx, const serve_job_stats *st), void *done_ctx,
+                    serve_err *e);
 /* The response id ("chatcmpl-<24 hex>", "cmpl-<24 hex>"), also sent as
  * the x-request-id header; valid for the job's life. */
 const char *serve_job_id(const serve_job *j);
@@ -108,9 +125,14 @@ void serve_job_unref(serve_job **j);
  * came in time, -1 when the stream is over (everything was read). */
 long serve_job_read(serve_job *j, char *buf, size_t max, int wait_ms);
 /* Non-stream mode: waits until the answer is complete, then returns the
- * response JSON (malloc'd), or NULL with e filled when the engine failed. */
-char *serve_job_wait(serve_job *j, serve_err *e);
-/* Makes every waiting read return (shutdown): the stream ends. */
+ * response JSON (malloc'd), or NULL with e filled when the engine failed.
+ * gone (may be NULL) is asked every 250 ms whether the client left; when
+ * it says so the job is cancelled and NULL returned. */
+char *serve_job_wait(serve_job *j, int (*gone)(void *ctx), void *gone_ctx, serve_err *e);
+/* The client went away: the engine stops before its next step (any thread;
+ * NULL is fine). */
+void serve_job_cancel(serve_job *j);
+/* Cancels and makes every waiting read return (shutdown): the stream ends. */
 void serve_job_abort(serve_job *j);
 
 /* Seconds since the epoch, the "created" of every object. */

@@ -13,13 +13,16 @@
  * appended under the job's lock either as SSE events (stream) or to the answer's buffers
  * (non-stream), and the reader is woken.
  *
- * The answer is complete ("finished") at a stop string, a stop token or
- * the end of the generation. After a stop string the engine still runs to
- * its stop rule (the engine has no cancellation yet); its tokens are
- * dropped and the running count stays taken until it ends.
+ * The answer is complete ("finished") once the engine has returned: at a
+ * stop string the job sets its own cancellation flag (k3_engine_req.cancel),
+ * so the engine stops before its next step, and the last events (final
+ * delta, usage with the reused prompt tokens) follow. serve_job_cancel sets
+ * the same flag when the client went away: the engine stops within one
+ * step, the session keeps what was committed and done() frees the slot.
  */
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,8 +54,9 @@ struct serve_job {
     uint64_t session;
     const int *eos; /* [n_eos] the config's stop ids (completions) */
     int n_eos;
-    void (*done)(void *ctx);
+    void (*done)(void *ctx, const serve_job_stats *st);
     void *done_ctx;
+    atomic_int cancel; /* set by a stop string or serve_job_cancel: the engine stops */
 
     /* generation thread only */
     k3_chat_filter *filter; /* chat, owned */
@@ -60,18 +64,21 @@ struct serve_job {
     serve_stop stop;        /* the request's stop strings over the content */
     int n_seen;             /* ids generated so far */
     int stopped;            /* a stop string or stop token ended the answer */
+    int n_reused;           /* prompt tokens kept from the session (usage cached_tokens) */
+    int n_prefilled;        /* prompt tokens prefilled by this request */
 
     /* (mu) output */
     k3_strbuf sse; /* stream: events not yet read from sse_off */
     size_t sse_off;
-    k3_strbuf content;   /* non-stream: the answer */
-    k3_strbuf reasoning; /* non-stream: the think channel */
-    json_t *calls;       /* tool calls (OpenAI shape), owned array */
-    const char *finish;  /* "stop" "length" "tool_calls" once finished */
-    int n_completion;    /* completion tokens at the finish */
-    int finished;        /* the answer is complete */
-    int aborted;         /* serve_job_abort: readers give up */
-    k3_status st;        /* the engine's failure, K3_OK otherwise */
+    k3_strbuf content;          /* non-stream: the answer */
+    k3_strbuf reasoning;        /* non-stream: the think channel */
+    json_t *calls;              /* tool calls (OpenAI shape), owned array */
+    const char *finish;         /* "stop" "length" "tool_calls" once finished */
+    int n_completion;           /* completion tokens at the finish */
+    int finished;               /* the answer is complete */
+    int aborted;                /* serve_job_abort: readers give up */
+    k3_status st;               /* the engine's failure, K3_OK otherwise */
+    double t_start_ms, ttft_ms; /* start; time to the first token (0 = none yet) */
     char err[512];
 };
 
@@ -194,6 +201,14 @@ static void emit_calls(serve_job *j, int n_new) {
     pthread_mutex_unlock(&j->mu);
 }
 
+/* The usage object: prompt, completion, total, and the prompt tokens reused
+ * from the session as prompt_tokens_details.cached_tokens. */
+static json_t *usage_json(const serve_job *j) {
+    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", j->n_prompt, "completion_tokens",
+                     j->n_completion, "total_tokens", j->n_prompt + j->n_completion,
+                     "prompt_tokens_details", "cached_tokens", j->n_reused);
+}
+
 /* The last events of a stream (final delta, usage, [DONE]) or nothing
  * (non-stream); marks the answer finished. */
 static void finish(serve_job *j, const char *reason) {
@@ -216,10 +231,7 @@ static void finish(serve_job *j, const char *reason) {
             }
             if (j->include_usage) {
                 json_t *o = chunk_head(j, json_array());
-                json_object_set_new(o, "usage",
-                                    json_pack("{s:i,s:i,s:i}", "prompt_tokens", j->n_prompt,
-                                              "completion_tokens", j->n_completion, "total_tokens",
-                                              j->n_prompt + j->n_completion));
+                json_object_set_new(o, "usage", usage_json(j));
                 sse_event(j, o);
             }
             k3_strbuf_str(&j->sse, "data: [DONE]\n\n");
@@ -232,18 +244,23 @@ static void finish(serve_job *j, const char *reason) {
 
 /* ---- stop strings -------------------------------------------------------- */
 
+/* The answer ended here (a stop string or the stop token): the engine is
+ * asked to stop before its next step; job_thread finishes the answer once
+ * it has returned. */
+static void stop_here(serve_job *j) {
+    j->stopped = 1;
+    atomic_store(&j->cancel, 1);
+}
+
 /* Content through the stop matcher (coordinator/serve_stop.h); a match
- * finishes the answer. */
+ * ends the answer. */
 static void content_add(serve_job *j, const char *s, size_t n, int flush) {
     if (j->stopped) return;
     const char *out;
     size_t out_len;
     int hit = serve_stop_push(&j->stop, s, n, flush, &out, &out_len);
     emit_text(j, 0, out, out_len);
-    if (hit) {
-        j->stopped = 1;
-        finish(j, "stop");
-    }
+    if (hit) stop_here(j);
 }
 
 /* ---- the generation thread ---------------------------------------------- */
@@ -251,7 +268,7 @@ static void content_add(serve_job *j, const char *s, size_t n, int flush) {
 static void on_token(void *ctx, int32_t id) {
     serve_job *j = ctx;
     if (j->stopped) return;
-    j->n_seen++;
+    if (!j->n_seen++) j->ttft_ms = k3_now_ms() - j->t_start_ms;
     if (j->chat) {
         k3_chat_delta d;
         k3_chat_filter_push(j->filter, id, &d);
@@ -260,8 +277,7 @@ static void on_token(void *ctx, int32_t id) {
         if (d.n_new_calls) emit_calls(j, d.n_new_calls);
         if (d.done && !j->stopped) {
             content_add(j, "", 0, 1);
-            j->stopped = 1;
-            finish(j, "stop");
+            stop_here(j);
         }
         return;
     }
@@ -270,10 +286,7 @@ static void on_token(void *ctx, int32_t id) {
             size_t n = 0;
             const char *t = k3_tok_stream_flush(&j->ts, &n);
             content_add(j, t, n, 1);
-            if (!j->stopped) {
-                j->stopped = 1;
-                finish(j, "stop");
-            }
+            if (!j->stopped) stop_here(j);
             return;
         }
     size_t n = 0;
@@ -290,12 +303,34 @@ static void *job_thread(void *arg) {
                          .max_ctx = j->max_ctx,
                          .sampling = j->sampling,
                          .on_token = on_token,
-                         .token_ctx = j};
+                         .token_ctx = j,
+                         .cancel = &j->cancel};
     k3_engine_result res;
     char err[512] = "";
     k3_status st = k3_engine_generate(j->eng, &req, &res, err, sizeof err);
+    j->n_reused = res.gen.n_reused;
+    j->n_prefilled = res.gen.n_prefilled;
+    int gone = st == K3_ERR_CANCEL && !j->stopped; /* serve_job_cancel: the client left */
+    if (st == K3_ERR_CANCEL) st = K3_OK;
     if (st) K3_WARN("serve: %s: %s", j->id, err);
-    if (!j->stopped) { /* the stop rule ended it: flush what is held back */
+    K3_INFO("serve: %s: prompt %d tokens (%d reused, %d prefilled in %.1f ms), %d generated in "
+            "%.1f ms%s",
+            j->id, j->n_prompt, res.gen.n_reused, res.gen.n_prefilled, res.gen.prefill_ms,
+            j->n_seen, res.gen.decode_ms, gone ? ", cancelled: the client went away" : "");
+    serve_job_stats js = {.n_prompt = j->n_prompt,
+                          .n_reused = res.gen.n_reused,
+                          .n_prefilled = res.gen.n_prefilled,
+                          .n_gen = j->n_seen,
+                          .prefill_ms = res.gen.prefill_ms,
+                          .decode_ms = res.gen.decode_ms,
+                          .n_decode_steps = res.gen.n_decode_steps,
+                          .ttft_ms = j->ttft_ms,
+                          .cancelled = gone,
+                          .failed = st != K3_OK,
+                          .step = res.gen.stats};
+    if (j->stopped) {
+        finish(j, "stop");
+    } else { /* the stop rule ended it: flush what is held back */
         size_t n = 0;
         if (j->chat) {
             k3_chat_delta d;
@@ -313,7 +348,7 @@ static void *job_thread(void *arg) {
         finish(j, res.gen.stop == K3_STOP_EOS ? "stop" : "length");
     }
     k3_chat_filter_close(&j->filter); /* nothing of the engine is touched after done() */
-    j->done(j->done_ctx);
+    j->done(j->done_ctx, &js);
     serve_job_unref(&j);
     return NULL;
 }
@@ -368,7 +403,9 @@ static int build_prompt(serve_job *j, const serve_req *r, serve_err *e) {
 }
 
 int serve_job_start(serve_job **out, k3_engine *eng, const serve_req *r, const serve_limits *lim,
-                    uint64_t session_id, void (*done)(void *ctx), void *done_ctx, serve_err *e) {
+                    int (*admit)(void *ctx, const int32_t *prompt, int n),
+                    void (*done)(void *ctx, const serve_job_stats *st), void *done_ctx,
+                    serve_err *e) {
     *out = NULL;
     serve_job *j = k3_xcalloc(1, sizeof *j);
     pthread_mutex_init(&j->mu, NULL);
@@ -382,14 +419,14 @@ int serve_job_start(serve_job **out, k3_engine *eng, const serve_req *r, const s
     j->created = serve_now_s();
     j->model = k3_xstrdup(lim->model_id);
     j->sampling = r->sampling;
-    j->session = session_id;
     j->max_ctx = lim->ctx;
+    j->t_start_ms = k3_now_ms();
     const k3_config *cfg = k3_engine_config(eng);
     j->eos = cfg->eos;
     j->n_eos = cfg->n_eos;
     serve_stop_init(&j->stop, r->stops, r->n_stops);
     unsigned char b[12] = {0};
-    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) memcpy(b, &session_id, 8);
+    if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) memcpy(b, &j, sizeof j);
     int w = snprintf(j->id, sizeof j->id, "%s", r->chat ? "chatcmpl-" : "cmpl-");
     for (int i = 0; i < 12; i++) w += snprintf(j->id + w, sizeof j->id - (size_t)w, "%02x", b[i]);
 
@@ -410,6 +447,13 @@ int serve_job_start(serve_job **out, k3_engine *eng, const serve_req *r, const s
         if (j->chat)
             sse_delta(j, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, 0, NULL);
     }
+    int sid = admit(done_ctx, j->prompt, j->n_prompt);
+    if (sid < 0) {
+        serve_fail(e, 429, "rate_limit_error", "", "queue_full",
+                   "every generation slot is taken (--max-queue): retry later");
+        goto fail;
+    }
+    j->session = (uint64_t)sid;
     j->done = done;
     j->done_ctx = done_ctx;
     j->refs = 2; /* the caller and the thread */
@@ -459,16 +503,38 @@ long serve_job_read(serve_job *j, char *buf, size_t max, int wait_ms) {
     return got;
 }
 
+void serve_job_cancel(serve_job *j) {
+    if (j) atomic_store(&j->cancel, 1);
+}
+
 void serve_job_abort(serve_job *j) {
+    atomic_store(&j->cancel, 1);
     pthread_mutex_lock(&j->mu);
     j->aborted = 1;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
 }
 
-char *serve_job_wait(serve_job *j, serve_err *e) {
+char *serve_job_wait(serve_job *j, int (*gone)(void *ctx), void *gone_ctx, serve_err *e) {
     pthread_mutex_lock(&j->mu);
-    while (!j->finished && !j->aborted) pthread_cond_wait(&j->cv, &j->mu);
+    double next_look = k3_now_ms() + 250; /* how often the client is looked at */
+    while (!j->finished && !j->aborted) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_nsec += 250 * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&j->cv, &j->mu, &dl); /* woken by every token, too */
+        if (gone && k3_now_ms() >= next_look) {
+            next_look = k3_now_ms() + 250;
+            if (gone(gone_ctx)) {
+                atomic_store(&j->cancel, 1);
+                j->aborted = 1;
+            }
+        }
+    }
     char *s = NULL;
     if (!j->finished) {
         serve_fail(e, 503, "server_error", "", "", "the server is shutting down");
@@ -490,11 +556,10 @@ char *serve_job_wait(serve_job *j, serve_err *e) {
             choice = json_pack("{s:s%,s:i,s:n,s:s}", "text", content, j->content.n, "index", 0,
                                "logprobs", "finish_reason", j->finish);
         }
-        json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:{s:i,s:i,s:i}}", "id", j->id, "object",
+        json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:[o],s:o}", "id", j->id, "object",
                               j->chat ? "chat.completion" : "text_completion", "created",
                               (json_int_t)j->created, "model", j->model, "choices", choice, "usage",
-                              "prompt_tokens", j->n_prompt, "completion_tokens", j->n_completion,
-                              "total_tokens", j->n_prompt + j->n_completion);
+                              usage_json(j));
         s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         json_decref(o);
         if (!s) serve_fail(e, 500, "server_error", "", "", "cannot encode the response");

@@ -36,18 +36,6 @@ const k3_web_asset *serve_web_find(const char *url);
  * MHD_queue_response returned (an int: enum MHD_Result). */
 int serve_web_answer(struct MHD_Connection *c, const char *url);
 
-/* The "workers" array of /health, the cluster panel's rows (docs/SERVING.md
- * 2): per worker {"index","endpoint","layers":[first,last],"dirs":[..],
- * "numa","alive","busy_s","hit_rate","gb_read"}; in-process one pseudo-
- * worker "in-process". dirs: the model directory and --dirs for workers
- * this process started (a remote worker's own are not known here: []);
- * numa -1 = not known. Any thread (the cluster's calls lock). */
-struct k3_engine;
-struct json_t;
-struct k3_opt_list;
-void serve_web_set_dirs(const char *model_dir, const struct k3_opt_list *dirs);
-struct json_t *serve_web_workers(struct k3_engine *e);
-
 /* `k3-coordinator web`: after the "serving on" line, also print the URL of
  * the chat page to open. */
 void serve_web_set_announce(int on);

@@ -79,5 +79,8 @@
 #define K3_SERVE_MAX_MSGS       4096 /* messages per chat request; real chats hold < 1000 */
 #define K3_SERVE_MAX_PARTS      1024 /* content parts per message */
 #define K3_SERVE_MAX_QUEUE      1024 /* --max-queue: requests admitted at once */
+#define K3_SERVE_MAX_CONNS                                                                         \
+    4096 /* --max-conns: a thread each; 4096 x 8 MiB stacks is the                                 \
+            most virtual memory a server should reserve for them */
 
 #endif

@@ -474,10 +474,14 @@
         $('health-dot').className = 'dot ' + (ok ? 'ok' : 'warn');
         $('health-dot').title = 'server: ' + (h.status || 'unknown');
         const workers = Array.isArray(h.workers) ? h.workers : [];
-        const q = h.queue || {};
+        // generations running and their limit: {"running","max_queue"} (or
+        // an older server's "queue":{"running","max"})
+        const q = h.queue && typeof h.queue === 'object' ? h.queue : {};
+        const running = num(h.running, num(q.running, null));
+        const maxRun = num(h.max_queue, num(q.max, null));
         $('cluster-summary').textContent =
             (workers.length ? workers.length + (workers.length === 1 ? ' worker' : ' workers') + ' · ' : '') +
-            (h.layers ? h.layers + ' layers · ' : '') + (q.running != null ? q.running + ' running' : '');
+            (h.layers ? h.layers + ' layers · ' : '') + (running != null ? running + ' running' : '');
 
         const ov = $('cluster-overview');
         ov.textContent = '';
@@ -490,8 +494,11 @@
         stat('workers', workers.length);
         if (h.layers != null) stat('layers', h.layers);
         if (h.context != null) stat('context', h.context);
-        if (q.running != null) stat('running', q.running + ' / ' + num(q.max, '?'));
-        if (h.sessions != null) stat('sessions', typeof h.sessions === 'number' ? h.sessions : '—');
+        if (running != null) stat('generating', running + ' / ' + num(maxRun, '?'));
+        if (typeof h.sessions === 'number')
+            stat('sessions', h.sessions + (h.max_sessions != null ? ' / ' + h.max_sessions : ''));
+        if (typeof h.hit_rate === 'number') stat('expert cache hits', pct(h.hit_rate));
+        if (typeof h.gb_read === 'number') stat('read from drives', bytes(h.gb_read * 1e9));
 
         const now = performance.now();
         const busyS = workers.map((w) => num(w.busy_s, 0));
@@ -511,6 +518,7 @@
             top.append(el('span', 'dot ' + (w.alive === false ? 'bad' : 'ok')),
                        el('b', null, 'Worker ' + num(w.index, i)),
                        el('span', 'w-ep', w.endpoint || ''));
+            top.title = (w.name ? w.name + ' · ' : '') + (w.alive === false ? 'not connected' : 'connected');
             card.appendChild(top);
             const l = Array.isArray(w.layers) ? w.layers : null;
             const grid = el('dl', 'w-grid');
@@ -521,6 +529,8 @@
             row('expert cache hits', pct(w.hit_rate));
             row('read from drive', w.gb_read != null ? bytes(num(w.gb_read, 0) * 1e9) : '—');
             row('busy', num(w.busy_s, 0).toFixed(1) + ' s' + (live ? ' · now ' + pct(Math.min(1, live[i])) : ''));
+            if (typeof w.sessions === 'number') row('sessions held', String(w.sessions));
+            if (w.failures) row('connection losses', String(w.failures));
             card.appendChild(grid);
             const share = total > 0 ? busyS[i] / total : 0;
             const bar = el('div', 'bar');
@@ -532,6 +542,34 @@
             box.appendChild(card);
         });
         $('cluster-updated').textContent = 'updated ' + new Date().toLocaleTimeString();
+    }
+
+    // A few server totals from the Prometheus text (docs/SERVING.md 2).
+    function renderTotals(lines) {
+        const m = {};
+        for (const l of lines) {
+            const x = /^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)/.exec(l);
+            if (x && !x[2]) m[x[1]] = parseFloat(x[3]);
+        }
+        const box = $('cluster-totals');
+        box.textContent = '';
+        const stat = (label, v) => {
+            if (v == null || !isFinite(v)) return;
+            const d = el('div', 'ov');
+            d.append(el('span', 'ov-v', v), el('span', 'ov-l', label));
+            box.appendChild(d);
+        };
+        const f = (k, d) => (k in m ? m[k].toFixed(d) : null);
+        stat('decode tok/s', f('k3_decode_tokens_per_second', 1));
+        stat('prefill tok/s', f('k3_prefill_tokens_per_second', 1));
+        const n = m.k3_time_to_first_token_seconds_count;
+        stat('mean first token', n ? (m.k3_time_to_first_token_seconds_sum / n).toFixed(2) + ' s' : null);
+        stat('requests', f('k3_requests_total', 0));
+        stat('cancelled', f('k3_requests_cancelled_total', 0));
+        stat('tokens out', f('k3_completion_tokens_total', 0));
+        stat('prompt tokens', f('k3_prompt_tokens_total', 0));
+        stat('reused', f('k3_prompt_tokens_cached_total', 0));
+        $('totals-box').hidden = !box.childElementCount;
     }
 
     async function refreshCluster() {
@@ -551,6 +589,7 @@
             const t = r.ok ? await r.text() : '';
             const lines = t.split('\n').filter((x) => x && !x.startsWith('#'));
             $('metrics').textContent = lines.length ? lines.join('\n') : 'no /metrics on this server';
+            renderTotals(lines);
         } catch (e) {
             $('metrics').textContent = 'no /metrics on this server';
         }

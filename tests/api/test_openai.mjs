@@ -164,6 +164,16 @@ async function main() {
                                         chatStream(m2, { ...S, max_tokens: 20 })]);
     check(p1.text === q1.text && p2.text === q2.text,
           'two concurrent streams equal their sequential results', [p1.text, q1.text, p2.text, q2.text]);
+    // four concurrent completion streams (seeded sampling, 40 tokens) each equal their own
+    // sequential result: the steps of the four interleave on the trunk
+    const four = ['alpha beta gamma', 'one two three four five', 'The lazy dog', 'Once upon'];
+    const fopt = { temperature: 0.9, seed: 11, max_tokens: 40 };
+    const fseq = [];
+    for (const p of four) fseq.push(await completionStream(p, fopt));
+    const fpar = await Promise.all(four.map((p) => completionStream(p, fopt)));
+    check(fpar.every((r, i) => r.text === fseq[i].text && r.text.length > 0),
+          'four concurrent streams equal their sequential results',
+          fpar.map((r, i) => [r.text, fseq[i].text]));
 
     // messages: system/developer/assistant history, text-part arrays
     const hist = await chat([{ role: 'system', content: 'Be brief.' },

@@ -142,7 +142,7 @@ else
 fi
 
 code=$(curl -s -o "$T/body" -w '%{http_code}' "$URL/health")
-if [ "$code" = 200 ] && grep -q '"status":"ok"' "$T/body" && grep -q '"queue":{"running":0' "$T/body"; then
+if [ "$code" = 200 ] && grep -q '"status":"ok"' "$T/body" && grep -q '"queue":0,"running":0' "$T/body"; then
     ok "health: 200 with the queue"
 else
     bad "health: $code $(head -c 300 "$T/body")"

@@ -1,0 +1,180 @@
+/* coordinator/serve_stats.c: /health's workers and /metrics (serve_stats.h).
+ *
+ * Per-stage numbers come from the cluster's own accounting of every step
+ * (k3_cluster_stage_info: worker-measured compute time, expert bytes and
+ * hits as FORWARD_DONE reports them), so rendering costs no round trip to
+ * the workers. In-process, the one pseudo-worker sums the steps of the
+ * generations that ran (serve_metrics).
+ */
+#include "coordinator/serve_stats.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/base/strbuf.h"
+#include "common/engine/model.h"
+#include "coordinator/cluster.h"
+
+void serve_metrics_add(serve_metrics *m, const serve_job_stats *st) {
+    m->generations++;
+    m->cancelled += st->cancelled != 0;
+    m->failed += st->failed != 0;
+    m->prompt_tokens += (uint64_t)st->n_prompt;
+    m->cached_tokens += (uint64_t)st->n_reused;
+    m->prefill_tokens += (uint64_t)st->n_prefilled;
+    m->completion_tokens += (uint64_t)st->n_gen;
+    m->decode_steps += (uint64_t)st->n_decode_steps;
+    m->prefill_s += st->prefill_ms / 1000.0;
+    m->decode_s += st->decode_ms / 1000.0;
+    if (st->ttft_ms > 0) {
+        m->ttft_s += st->ttft_ms / 1000.0;
+        m->ttft_n++;
+    }
+    m->inproc_busy_s += st->step.compute_ms / 1000.0;
+    m->inproc_bytes_read += st->step.bytes_read;
+    m->inproc_hits += st->step.expert_hits;
+    m->inproc_misses += st->step.expert_misses;
+}
+
+static double hit_rate(uint64_t hits, uint64_t misses) {
+    return hits + misses ? (double)hits / (double)(hits + misses) : 0.0;
+}
+
+/* The model directory and the extra shard directories. */
+static json_t *dirs_json(const k3_engine_opts *eng) {
+    json_t *a = json_array();
+    json_array_append_new(a, json_string(eng->model));
+    for (int i = 0; i < eng->dirs.n; i++) json_array_append_new(a, json_string(eng->dirs.items[i]));
+    return a;
+}
+
+json_t *serve_workers_json(k3_engine *e, const k3_engine_opts *eng, const serve_metrics *m,
+                           double *hit_rate_all, double *gb_read) {
+    json_t *ws = json_array();
+    k3_cluster *c = k3_engine_cluster(e);
+    if (!c) {
+        *hit_rate_all = hit_rate(m->inproc_hits, m->inproc_misses);
+        *gb_read = (double)m->inproc_bytes_read / 1e9;
+        int a = 0, b = 0;
+        k3_model_range(k3_engine_model(e), &a, &b);
+        json_array_append_new(ws, json_pack("{s:i,s:s,s:[i,i],s:o,s:i,s:b,s:f,s:f,s:f}", "index", 0,
+                                            "endpoint", "in-process", "layers", a, b - 1, "dirs",
+                                            dirs_json(eng), "numa", -1, "alive", 1, "busy_s",
+                                            m->inproc_busy_s, "hit_rate",
+                                            hit_rate(m->inproc_hits, m->inproc_misses), "gb_read",
+                                            (double)m->inproc_bytes_read / 1e9));
+        return ws;
+    }
+    uint64_t hits = 0, misses = 0, bytes = 0;
+    for (int i = 0; i < k3_cluster_stages(c); i++) {
+        k3_stage_info s;
+        k3_cluster_stage_info(c, i, &s);
+        hits += s.hits;
+        misses += s.misses;
+        bytes += s.bytes_read;
+        /* local workers open the coordinator's directories; remote ones do
+         * not say theirs (HELLO_OK has no such field) */
+        json_t *dirs = s.pid ? dirs_json(eng) : json_array();
+        json_array_append_new(
+            ws, json_pack("{s:i,s:s,s:s,s:[i,i],s:o,s:i,s:b,s:f,s:f,s:f,s:I}", "index", i,
+                          "endpoint", s.endpoint, "name", s.name, "layers", s.layer_a,
+                          s.layer_b - 1, "dirs", dirs, "numa", -1, "alive", s.ready, "busy_s",
+                          s.busy_ms / 1000.0, "hit_rate", hit_rate(s.hits, s.misses), "gb_read",
+                          (double)s.bytes_read / 1e9, "failures", (json_int_t)s.failures));
+        /* the session states the worker holds now: a STATS round trip (a
+         * live worker only; a wedged one costs up to the step timeout) */
+        proto_stats_ok so;
+        char err[256];
+        if (s.ready && k3_cluster_worker_stats(c, i, &so, err, sizeof err) == K3_OK)
+            json_object_set_new(json_array_get(ws, json_array_size(ws) - 1), "sessions",
+                                json_integer((json_int_t)so.sessions));
+    }
+    *hit_rate_all = hit_rate(hits, misses);
+    *gb_read = (double)bytes / 1e9;
+    return ws;
+}
+
+/* One metric: HELP and TYPE lines, then the sample. */
+static void metric(k3_strbuf *b, const char *name, const char *type, const char *help, double v) {
+    char line[512];
+    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type,
+             name, v);
+    k3_strbuf_str(b, line);
+}
+
+char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int max_running) {
+    k3_strbuf b = {0};
+    metric(&b, "k3_http_requests_total", "counter", "HTTP requests answered",
+           (double)m->http_requests);
+    metric(&b, "k3_requests_total", "counter", "generations run (any ending)",
+           (double)m->generations);
+    metric(&b, "k3_requests_rejected_total", "counter", "generations refused with 429 (queue full)",
+           (double)m->rejected_queue);
+    metric(&b, "k3_requests_cancelled_total", "counter",
+           "generations cancelled because the client went away", (double)m->cancelled);
+    metric(&b, "k3_requests_failed_total", "counter", "generations the engine failed",
+           (double)m->failed);
+    metric(&b, "k3_prompt_tokens_total", "counter", "prompt tokens (tokens in)",
+           (double)m->prompt_tokens);
+    metric(&b, "k3_prompt_tokens_cached_total", "counter",
+           "prompt tokens reused from a live session (not prefilled)", (double)m->cached_tokens);
+    metric(&b, "k3_prefill_tokens_total", "counter", "prompt tokens prefilled",
+           (double)m->prefill_tokens);
+    metric(&b, "k3_completion_tokens_total", "counter", "tokens generated (tokens out)",
+           (double)m->completion_tokens);
+    metric(&b, "k3_prefill_seconds_total", "counter", "wall time of prefills", m->prefill_s);
+    metric(&b, "k3_decode_seconds_total", "counter", "wall time of decode steps", m->decode_s);
+    metric(&b, "k3_prefill_tokens_per_second", "gauge",
+           "prefilled tokens / prefill seconds since start",
+           m->prefill_s > 0 ? (double)m->prefill_tokens / m->prefill_s : 0.0);
+    metric(&b, "k3_decode_tokens_per_second", "gauge",
+           "decode steps / decode seconds since start (one request's rate, averaged)",
+           m->decode_s > 0 ? (double)m->decode_steps / m->decode_s : 0.0);
+    metric(&b, "k3_time_to_first_token_seconds_sum", "counter",
+           "time to first token, summed over k3_time_to_first_token_seconds_count", m->ttft_s);
+    metric(&b, "k3_time_to_first_token_seconds_count", "counter", "generations with a first token",
+           (double)m->ttft_n);
+    metric(&b, "k3_queue_depth", "gauge", "generations running now (admitted, not ended)",
+           (double)running);
+    metric(&b, "k3_queue_capacity", "gauge", "generations admitted at once (--max-queue)",
+           (double)max_running);
+    int live = 0, busy = 0;
+    k3_engine_sessions(e, &live, &busy);
+    metric(&b, "k3_sessions", "gauge", "sessions held (idle or running)", (double)live);
+
+    k3_strbuf_str(&b,
+                  "# HELP k3_stage_busy_seconds_total compute time of a stage (worker-measured)\n"
+                  "# TYPE k3_stage_busy_seconds_total counter\n");
+    k3_strbuf xb = {0}; /* the expert bytes family, appended after */
+    k3_strbuf_str(&xb, "# HELP k3_expert_bytes_read_total expert bytes read from the drives\n"
+                       "# TYPE k3_expert_bytes_read_total counter\n");
+    char line[512];
+    k3_cluster *c = k3_engine_cluster(e);
+    int n = c ? k3_cluster_stages(c) : 1;
+    for (int i = 0; i < n; i++) {
+        double busy_s = m->inproc_busy_s;
+        uint64_t bytes = m->inproc_bytes_read;
+        int a = 0, bl = 0;
+        if (c) {
+            k3_stage_info s;
+            k3_cluster_stage_info(c, i, &s);
+            busy_s = s.busy_ms / 1000.0;
+            bytes = s.bytes_read;
+            a = s.layer_a;
+            bl = s.layer_b;
+        } else {
+            k3_model_range(k3_engine_model(e), &a, &bl);
+        }
+        snprintf(line, sizeof line,
+                 "k3_stage_busy_seconds_total{stage=\"%d\",layers=\"%d-%d\"} %.17g\n", i, a, bl - 1,
+                 busy_s);
+        k3_strbuf_str(&b, line);
+        snprintf(line, sizeof line,
+                 "k3_expert_bytes_read_total{stage=\"%d\",layers=\"%d-%d\"} %llu\n", i, a, bl - 1,
+                 (unsigned long long)bytes);
+        k3_strbuf_str(&xb, line);
+    }
+    k3_strbuf_add(&b, xb.p, xb.n);
+    free(xb.p);
+    return b.p; /* NUL-terminated by k3_strbuf */
+}
