@@ -153,6 +153,16 @@ try {
     const gotTokens = +((/≈(\d+) tokens/.exec(st2) || [])[1] || 0);
     check(n1 === n2 && n2 > 0 && gotTokens < 6000 && /stopped/.test(st2),
           'Stop ends the stream: the text stays, stops growing, marked stopped', { n1, n2, st2 });
+    // the server sees the closed stream and cancels the generation
+    // (docs/SERVING.md): /metrics counts it and /health has nothing running
+    let cancelled = 0, running = -1;
+    for (let i = 0; i < 100 && !(cancelled >= 1 && running === 0); i++) {
+        const m = await (await fetch(URL_ + 'metrics')).text();
+        cancelled = +((/^k3_requests_cancelled_total (\d+)/m.exec(m) || [])[1] || 0);
+        running = (await (await fetch(URL_ + 'health')).json()).running;
+        if (!(cancelled >= 1 && running === 0)) await new Promise((r) => setTimeout(r, 100));
+    }
+    check(cancelled >= 1 && running === 0, 'Stop cancels the generation on the server', { cancelled, running });
     // the tiny model's 24 tokens come in one read; this answer streamed for a while
     check(/≈\d+ tokens/.test(st2) && /[\d.]+ tok\/s/.test(st2),
           'a stopped answer: tokens counted from the stream, tok/s', st2);
@@ -261,6 +271,12 @@ try {
         .catch(() => {});
     check((await page.textContent('#cluster-updated')) !== before, 'the cluster panel refreshes by itself');
     await page.screenshot({ path: SHOTS + '/web-cluster.png' });
+    await page.locator('#totals-box').waitFor();
+    const totals = await page.textContent('#cluster-totals');
+    check(/decode tok\/s/.test(totals) && /requests/.test(totals) && /cancelled/.test(totals),
+          'the cluster panel shows the server totals from /metrics', totals);
+    await page.locator('#totals-box').scrollIntoViewIfNeeded();
+    await page.screenshot({ path: SHOTS + '/web-cluster-totals.png' });
     await page.emulateMedia({ colorScheme: 'dark' });
     await page.screenshot({ path: SHOTS + '/web-cluster-dark.png' });
 
