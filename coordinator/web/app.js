@@ -554,7 +554,7 @@
         const box = $('cluster-totals');
         box.textContent = '';
         const stat = (label, v) => {
-            if (v == null || !isFinite(v)) return;
+            if (v == null || /NaN|Infinity/.test(v)) return;
             const d = el('div', 'ov');
             d.append(el('span', 'ov-v', v), el('span', 'ov-l', label));
             box.appendChild(d);

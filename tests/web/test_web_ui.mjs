@@ -273,7 +273,8 @@ try {
     await page.screenshot({ path: SHOTS + '/web-cluster.png' });
     await page.locator('#totals-box').waitFor();
     const totals = await page.textContent('#cluster-totals');
-    check(/decode tok\/s/.test(totals) && /requests/.test(totals) && /cancelled/.test(totals),
+    check(/decode tok\/s/.test(totals) && /requests/.test(totals) && /cancelled/.test(totals) &&
+          /[\d.]+ smean first token/.test(totals),
           'the cluster panel shows the server totals from /metrics', totals);
     await page.locator('#totals-box').scrollIntoViewIfNeeded();
     await page.screenshot({ path: SHOTS + '/web-cluster-totals.png' });
