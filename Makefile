@@ -86,10 +86,15 @@ K3_LDLIBS:= $(PKG_LIBS) -lm -pthread
 
 LIB_SRC  := $(wildcard common/*/*.c) $(wildcard proto/*.c)
 COORD_SRC:= $(wildcard coordinator/*.c)
+# The web UI's files (docs/WEB.md), compiled into the coordinator as byte
+# arrays by coordinator/web/embed.sh (POSIX sh + od: no Node build step).
+WEB_FILES:= $(sort $(wildcard coordinator/web/*.html coordinator/web/*.css coordinator/web/*.js \
+                               coordinator/web/*.svg))
+WEB_GEN  := $(BUILD)/gen/web_assets.c
 WORK_SRC := $(wildcard worker/*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
-COORD_OBJ:= $(COORD_SRC:%.c=$(BUILD)/%.o)
+COORD_OBJ:= $(COORD_SRC:%.c=$(BUILD)/%.o) $(WEB_GEN:.c=.o)
 WORK_OBJ := $(WORK_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 LIB      := $(BUILD)/libk3.a
@@ -110,6 +115,12 @@ deps:
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
+	$(COMPILE) -c $< -o $@
+
+$(WEB_GEN): coordinator/web/embed.sh $(WEB_FILES)
+	@mkdir -p $(dir $@)
+	sh coordinator/web/embed.sh $@ $(WEB_FILES)
+$(WEB_GEN:.c=.o): $(WEB_GEN)
 	$(COMPILE) -c $< -o $@
 
 $(LIB): $(LIB_OBJ)

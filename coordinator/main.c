@@ -9,6 +9,7 @@
  *   k3-coordinator tokenize ...            (coordinator/cmd_tokenize.c)
  *   k3-coordinator serve ...               (coordinator/serve.c, docs/SERVING.md)
  *   k3-coordinator chat ...                (coordinator/cmd_chat.c, docs/CHAT.md)
+ *   k3-coordinator web ...                 (coordinator/cmd_web.c, docs/WEB.md)
  *
  * Every setting comes from the one table below (flags, K3_* variables,
  * defaults, ranges, --help). main() validates the options, opens the
@@ -45,6 +46,7 @@
 #include "coordinator/serve.h"
 #include "coordinator/serve_stop.h"
 #include "common/text/chat.h"
+#include "coordinator/cmd_web.h"
 #include "proto/link.h"
 
 /* ---- the option table -------------------------------------------------- */
@@ -262,6 +264,8 @@ static const char *usage_text =
     "docs/SERVING.md)\n"
     "       k3-coordinator chat --model DIR [options]    (chat prompt in the terminal, "
     "docs/CHAT.md)\n"
+    "       k3-coordinator web --model DIR [serve options]    (serve + the chat page at /, "
+    "docs/WEB.md)\n"
     "\n"
     "Generates text with Kimi K3. A text prompt is tokenized with the model\n"
     "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.\n"
@@ -654,6 +658,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "chat")) return cmd_chat(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "web")) return cmd_web(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";

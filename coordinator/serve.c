@@ -52,6 +52,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/serve_api.h"
 #include "coordinator/serve_stats.h"
+#include "coordinator/serve_web.h"
 #include "proto/link.h"
 
 /* ---- the option table -------------------------------------------------- */
@@ -219,7 +220,8 @@ static const char *serve_usage =
     "                            [--api-key KEY] [--max-queue N] [--max-sessions N] [--ctx N]\n"
     "                            [--max-tokens N]\n"
     "OpenAI-compatible HTTP API: POST /v1/chat/completions, POST /v1/completions,\n"
-    "GET /v1/models, GET /health, GET /metrics (docs/SERVING.md).\n";
+    "GET /v1/models, GET /health, GET /metrics (docs/SERVING.md).\n"
+    "A chat page for a browser at GET / (docs/WEB.md).\n";
 
 /* ---- server state ---------------------------------------------------------- */
 
@@ -263,7 +265,8 @@ enum {
     ROUTE_MODEL,
     ROUTE_NO_MODEL, /* /v1/models/{another id} */
     ROUTE_HEALTH,
-    ROUTE_METRICS
+    ROUTE_METRICS,
+    ROUTE_WEB /* the chat page's files (serve_web.h) */
 };
 
 static int g_sig_pipe[2] = {-1, -1};
@@ -317,6 +320,7 @@ static int route_of(const serve_limits *lim, const char *url, const char **metho
         return strcmp(url + 11, lim->model_id) ? ROUTE_NO_MODEL : ROUTE_MODEL;
     if (!strcmp(url, "/health")) return ROUTE_HEALTH;
     if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
+    if (serve_web_find(url)) return ROUTE_WEB;
     return ROUTE_NONE;
 }
 
@@ -355,7 +359,8 @@ static enum MHD_Result send_obj(struct MHD_Connection *c, int http, json_t *o) {
     return r;
 }
 
-static enum MHD_Result get_route(server *s, struct MHD_Connection *c, int route) {
+static enum MHD_Result get_route(server *s, struct MHD_Connection *c, int route, const char *url) {
+    if (route == ROUTE_WEB) return (enum MHD_Result)serve_web_answer(c, url);
     if (route == ROUTE_MODELS)
         return send_obj(c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_obj(s)));
     if (route == ROUTE_MODEL) return send_obj(c, 200, model_obj(s));
@@ -592,7 +597,8 @@ static enum MHD_Result first_call(conn *k, struct MHD_Connection *c, const char 
         free(j);
         return ret;
     }
-    if (k->route != ROUTE_HEALTH && k->route != ROUTE_METRICS && !authorized(s, c)) {
+    if (k->route != ROUTE_HEALTH && k->route != ROUTE_METRICS && k->route != ROUTE_WEB &&
+        !authorized(s, c)) {
         serve_fail(&e, 401, "authentication_error", "", "invalid_api_key",
                    "missing or wrong API key (Authorization: Bearer KEY)");
         return send_err(c, &e);
@@ -660,7 +666,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return send_err(c, &e);
     }
     if (k->route == ROUTE_CHAT || k->route == ROUTE_COMPLETIONS) return run_generation(k, c);
-    return get_route(s, c, k->route);
+    return get_route(s, c, k->route, url);
 }
 
 /* End of a request (answered, failed or the client went away). */
@@ -837,6 +843,7 @@ int cmd_serve(int argc, char **argv) {
     }
     printf("serving on http://%s:%d\n", o.host, o.port);
     fflush(stdout);
+    serve_web_announce(o.host, o.port);
 
     for (;;) {
         struct pollfd p = {.fd = g_sig_pipe[0], .events = POLLIN};

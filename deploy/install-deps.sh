@@ -13,6 +13,7 @@ PKGS=(
   libpcre2-dev libjansson-dev libmicrohttpd-dev libedit-dev liburing-dev
   python3 python3-numpy
   iproute2 iptables procps psmisc strace fio curl tmux
+  chromium
 )
 # Node.js + npm drive the browser tests and the tiktoken oracle; a machine that
 # already has them (from NodeSource, say, whose nodejs conflicts with Debian's
@@ -26,16 +27,20 @@ for p in "${PKGS[@]}"; do
   fi
 done
 
-# The API tests' client (tests/api: the openai npm package, pinned by
-# package-lock.json): npm ci only when node_modules is missing, so this stays
-# cheap. Needs the npm registry the first time only.
+# The API tests' client (tests/api: the openai npm package) and the web UI's
+# browser driver (tests/web: playwright-core, which drives Debian's chromium
+# above and downloads no browser), each pinned by its package-lock.json: npm
+# ci only when node_modules is missing, so this stays cheap. Needs the npm
+# registry the first time only.
 api_client() {
-  local api
-  api="$(cd "$(dirname "$0")/.." && pwd)/tests/api"
-  [ -d "$api/node_modules" ] && return 0
-  command -v npm >/dev/null 2>&1 || { echo "install-deps: npm missing: tests/api not installed"; return 0; }
-  echo "install-deps: npm ci in tests/api"
-  (cd "$api" && npm ci --no-audit --no-fund --loglevel=error)
+  local root d
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  for d in tests/api tests/web; do
+    [ -d "$root/$d/node_modules" ] && continue
+    command -v npm >/dev/null 2>&1 || { echo "install-deps: npm missing: $d not installed"; return 0; }
+    echo "install-deps: npm ci in $d"
+    (cd "$root/$d" && npm ci --no-audit --no-fund --loglevel=error)
+  done
 }
 
 if [ ${#missing[@]} -eq 0 ]; then

@@ -16,6 +16,8 @@
 #                        stops every pid in PIDS and removes T (a script with
 #                        more to undo sets its own EXIT trap calling it)
 #   port                 a free tcp port on 127.0.0.1
+#   wait_line FILE RE PID [S]  wait until FILE has a line matching the grep
+#                        RE (0), PID exits (1) or S seconds pass (1; 300)
 # and exports TSAN_OPTIONS (tests/tsan_env.sh) for a script run alone.
 
 . "$(dirname "${BASH_SOURCE[0]}")/tsan_env.sh"
@@ -95,4 +97,14 @@ serve_start() { # OUT ERR ARGS...: "$C serve ARGS" in the background (pid in SRV
 
 port() {
     /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_line() { # file re pid [seconds]
+    local i
+    for ((i = 0; i < ${4:-300} * 10; i++)); do
+        grep -q -- "$2" "$1" 2>/dev/null && return 0
+        kill -0 "$3" 2>/dev/null || break
+        sleep 0.1
+    done
+    grep -q -- "$2" "$1" 2>/dev/null
 }
