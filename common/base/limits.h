@@ -80,4 +80,9 @@
 #define K3_SERVE_MAX_PARTS      1024 /* content parts per message */
 #define K3_SERVE_MAX_QUEUE      1024 /* --max-queue: requests admitted at once */
 
+/* ---- repacked container (common/ckpt/container.h) ---- */
+#define K3_REPACK_BLOCK                                                                            \
+    (64u << 20) /* repack / verify read block: big enough for                                      \
+                   GB/s sequential reads, small next to RAM */
+
 #endif
