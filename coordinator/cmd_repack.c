@@ -96,8 +96,8 @@ int cmd_repack(int argc, char **argv) {
     char **pos = calloc((size_t)argc + 1, sizeof *pos);
     int npos = 0, rc = 0;
     int *nums = NULL;
-    k3_status st = k3_opts_parse(repack_table, N_REPACK_OPTS, &c, NULL, argc, argv, pos, &npos,
-                                 err, sizeof err);
+    k3_status st = k3_opts_parse(repack_table, N_REPACK_OPTS, &c, NULL, argc, argv, pos, &npos, err,
+                                 sizeof err);
     if (!st && c.help) {
         k3_opts_help(stdout, usage_text, repack_table, N_REPACK_OPTS);
         goto out;
@@ -108,8 +108,9 @@ int cmd_repack(int argc, char **argv) {
         goto out;
     }
     if (npos != 2) {
-        fprintf(stderr, "repack: expected SRC and DST, got %d argument%s (k3-coordinator repack "
-                        "--help)\n",
+        fprintf(stderr,
+                "repack: expected SRC and DST, got %d argument%s (k3-coordinator repack "
+                "--help)\n",
                 npos, npos == 1 ? "" : "s");
         rc = 2;
         goto out;
@@ -143,7 +144,9 @@ int cmd_repack(int argc, char **argv) {
                          .shards = c.shards.n ? nums : NULL,
                          .n_shards = c.shards.n,
                          .verify_full = c.verify_full,
-                         .progress = c.quiet ? 0 : isatty(2) ? 2 : 1};
+                         .progress = c.quiet     ? 0
+                                     : isatty(2) ? 2
+                                                 : 1};
     fprintf(stderr, "repack: %s -> %s, bits %d, mla-bits %d, head-bits %d%s\n", ro.src, ro.dst,
             ro.bits, ro.mla_bits, ro.head_bits, ro.verify_full ? ", verify-full" : "");
     k3_repack_stats s;

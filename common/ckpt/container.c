@@ -49,20 +49,19 @@ int k3_repack_class(const char *name, const k3_config *cfg, int bits, int mla_bi
         if (*end != '.' || layer < 0 || layer >= K3_MAX_LAYERS) return K3_RP_PASS;
         const char *r = end + 1;
         static const char *const mla[] = {"self_attn.q_a_proj.weight", "self_attn.q_b_proj.weight",
-                                           "self_attn.kv_a_proj_with_mqa.weight",
-                                           "self_attn.kv_b_proj.weight"};
-        static const char *const main_cls[] = {
-            "self_attn.q_proj.weight",
-            "self_attn.k_proj.weight",
-            "self_attn.v_proj.weight",
-            "block_sparse_moe.routed_expert_down_proj.weight",
-            "block_sparse_moe.routed_expert_up_proj.weight",
-            "block_sparse_moe.shared_experts.gate_proj.weight",
-            "block_sparse_moe.shared_experts.up_proj.weight",
-            "block_sparse_moe.shared_experts.down_proj.weight",
-            "mlp.gate_proj.weight",
-            "mlp.up_proj.weight",
-            "mlp.down_proj.weight"};
+                                          "self_attn.kv_a_proj_with_mqa.weight",
+                                          "self_attn.kv_b_proj.weight"};
+        static const char *const main_cls[] = {"self_attn.q_proj.weight",
+                                               "self_attn.k_proj.weight",
+                                               "self_attn.v_proj.weight",
+                                               "block_sparse_moe.routed_expert_down_proj.weight",
+                                               "block_sparse_moe.routed_expert_up_proj.weight",
+                                               "block_sparse_moe.shared_experts.gate_proj.weight",
+                                               "block_sparse_moe.shared_experts.up_proj.weight",
+                                               "block_sparse_moe.shared_experts.down_proj.weight",
+                                               "mlp.gate_proj.weight",
+                                               "mlp.up_proj.weight",
+                                               "mlp.down_proj.weight"};
         for (size_t k = 0; k < sizeof mla / sizeof *mla; k++)
             if (!strcmp(r, mla[k])) cls = 2;
         for (size_t k = 0; k < sizeof main_cls / sizeof *main_cls; k++)
@@ -215,7 +214,7 @@ typedef struct out_tensor {
     st_dtype dtype;
     int rank;
     int64_t shape[K3_ST_MAX_RANK];
-    uint64_t nbytes, off; /* off: relative to the data section */
+    uint64_t nbytes, off;  /* off: relative to the data section */
     long expert, w, scale; /* experts: sort key */
 } out_tensor;
 
@@ -348,8 +347,8 @@ static k3_status write_quantized(repack_ctx *x, int fd, const char *path, const 
 }
 
 /* Copies the source bytes of o->src through the block buffer. */
-static k3_status write_copy(repack_ctx *x, int fd, const char *path, const out_tensor *o,
-                            char *err, size_t errlen) {
+static k3_status write_copy(repack_ctx *x, int fd, const char *path, const out_tensor *o, char *err,
+                            size_t errlen) {
     const st_tensor *t = o->src;
     for (uint64_t d = 0; d < t->nbytes;) {
         size_t n = t->nbytes - d < K3_REPACK_BLOCK ? (size_t)(t->nbytes - d) : K3_REPACK_BLOCK;
@@ -383,8 +382,8 @@ static k3_status plan_shard(repack_ctx *x, int shard, out_tensor **outp, int *n_
     for (int pass = 0; pass < 2 && !st; pass++) {
         for (int i = 0; i < n && !st; i++) {
             const st_tensor *t = ts[i];
-            int cls = k3_repack_class(t->name, &x->cfg, x->o->bits, x->o->mla_bits,
-                                      x->o->head_bits);
+            int cls =
+                k3_repack_class(t->name, &x->cfg, x->o->bits, x->o->mla_bits, x->o->head_bits);
             if (cls == K3_RP_DROP) continue;
             if ((cls == K3_RP_EXPERT) != (pass == 1)) continue;
             out_tensor *o = &out[m++];
@@ -468,8 +467,7 @@ static char *build_header(const out_tensor *out, int n, size_t *len) {
     return r;
 }
 
-static k3_status write_shard(repack_ctx *x, int shard, const char *path, char *err,
-                             size_t errlen) {
+static k3_status write_shard(repack_ctx *x, int shard, const char *path, char *err, size_t errlen) {
     out_tensor *out = NULL;
     int n = 0;
     k3_status st = plan_shard(x, shard, &out, &n, err, errlen);
@@ -530,8 +528,8 @@ static k3_status verify_shard(repack_ctx *x, st_index *dst, int shard, char *err
         st = st_find(dst, t->name, &d, err, errlen);
         if (st) break;
         if (d->nbytes != t->nbytes || d->dtype != t->dtype) {
-            st = k3_errf(K3_ERR_MISMATCH, err, errlen, "VERIFY FAILED: %s (size or dtype)",
-                         t->name);
+            st =
+                k3_errf(K3_ERR_MISMATCH, err, errlen, "VERIFY FAILED: %s (size or dtype)", t->name);
             break;
         }
         for (uint64_t o = 0; o < t->nbytes && !st;) {
@@ -553,9 +551,7 @@ static k3_status verify_shard(repack_ctx *x, st_index *dst, int shard, char *err
 
 /* ---- the index ---- */
 
-static int is_shard_name(const char *n) {
-    return has_suffix(n, ".safetensors") && n[0] != '.';
-}
+static int is_shard_name(const char *n) { return has_suffix(n, ".safetensors") && n[0] != '.'; }
 
 static int cmp_cstr(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -690,8 +686,7 @@ k3_status k3_container_check(const char *dir, int *is_container, char *err, size
     json_t *hw = json_object_get(have, "weight_map"), *ww = json_object_get(want, "weight_map");
     const char *k;
     json_t *v;
-    if (!st)
-        json_object_foreach(hw, k, v) {
+    if (!st) json_object_foreach(hw, k, v) {
             json_t *w = json_object_get(ww, k);
             if (!w) {
                 st = k3_errf(K3_ERR_MISSING, err, errlen,
@@ -702,24 +697,23 @@ k3_status k3_container_check(const char *dir, int *is_container, char *err, size
             }
             if (!json_equal(w, v)) {
                 st = k3_errf(K3_ERR_MISMATCH, err, errlen,
-                             "tensor %s: the index names %s, it is in %s", k,
-                             json_string_value(v), json_string_value(w));
+                             "tensor %s: the index names %s, it is in %s", k, json_string_value(v),
+                             json_string_value(w));
                 break;
             }
         }
-    if (!st)
-        json_object_foreach(ww, k, v) if (!json_object_get(hw, k)) {
+    if (!st) json_object_foreach(ww, k, v) if (!json_object_get(hw, k)) {
             st = k3_errf(K3_ERR_MISMATCH, err, errlen,
                          "tensor %s in %s is not in the index (rebuild it: k3-coordinator repack)",
                          k, json_string_value(v));
             break;
         }
-    json_int_t ht = json_integer_value(json_object_get(json_object_get(have, "metadata"),
-                                                        "total_size"));
+    json_int_t ht =
+        json_integer_value(json_object_get(json_object_get(have, "metadata"), "total_size"));
     if (!st && *is_container && (uint64_t)ht != total)
         st = k3_errf(K3_ERR_MISMATCH, err, errlen,
-                     "%s: total_size %lld, the shards hold %llu payload bytes", path,
-                     (long long)ht, (unsigned long long)total);
+                     "%s: total_size %lld, the shards hold %llu payload bytes", path, (long long)ht,
+                     (unsigned long long)total);
     if (!st && miss)
         st = k3_errf(K3_ERR_FORMAT, err, errlen,
                      "%d U8 matrices have no .qs scale sidecar (an incomplete container)", miss);
@@ -787,8 +781,8 @@ k3_status k3_repack(const k3_repack_opts *o, k3_repack_stats *stats, char *err, 
     }
     for (int i = 0; o->shards && i < o->n_shards; i++) {
         int found = 0;
-        for (int s = 0; s < ns; s++) found |= keep[s] && shard_number(st_shard_name(x.src, s)) ==
-                                                             o->shards[i];
+        for (int s = 0; s < ns; s++)
+            found |= keep[s] && shard_number(st_shard_name(x.src, s)) == o->shards[i];
         if (!found) {
             fprintf(stderr, "repack: source shard %d: not in %s (or vision only), skipped\n",
                     o->shards[i], o->src);
