@@ -233,12 +233,12 @@ static void check_model(report *r, const doctor_cli *c, k3_model_info *mi, int *
         k3_model *m = NULL;
         double t0 = k3_now_s();
         if (k3_model_open(&m, &mo, err, sizeof err)) {
-            snprintf(fix, sizeof fix,
-                     "%s", mi->is_container
-                               ? "the container is damaged: delete the named tensor's shard and "
-                                 "re-run `k3-coordinator repack SRC DIR` (it rewrites only that "
-                                 "shard), then `repack --verify-full`"
-                               : "the snapshot is damaged: re-download the named tensor's shard");
+            snprintf(fix, sizeof fix, "%s",
+                     mi->is_container
+                         ? "the container is damaged: delete the named tensor's shard and "
+                           "re-run `k3-coordinator repack SRC DIR` (it rewrites only that "
+                           "shard), then `repack --verify-full`"
+                         : "the snapshot is damaged: re-download the named tensor's shard");
             line(r, 0, "container", fix, "%s", err);
         } else {
             line(r, 1, "container", NULL,
@@ -361,15 +361,17 @@ int cmd_doctor(int argc, char **argv) {
     char err[1024];
     char **pos = calloc((size_t)argc + 1, sizeof *pos);
     int npos = 0, rc = 0;
-    k3_status st = k3_opts_parse(doctor_table, N_DOCTOR_OPTS, &c, NULL, argc, argv, pos, &npos,
-                                 err, sizeof err);
+    k3_status st = k3_opts_parse(doctor_table, N_DOCTOR_OPTS, &c, NULL, argc, argv, pos, &npos, err,
+                                 sizeof err);
     if (!st && c.help) {
         k3_opts_help(stdout, usage_text, doctor_table, N_DOCTOR_OPTS);
         goto out;
     }
     if (st || npos || !c.model) {
         fprintf(stderr, "doctor: %s (k3-coordinator doctor --help)\n",
-                st ? err : npos ? "unexpected argument" : "--model DIR is required");
+                st     ? err
+                : npos ? "unexpected argument"
+                       : "--model DIR is required");
         rc = 2;
         goto out;
     }

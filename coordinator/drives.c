@@ -183,8 +183,8 @@ static void save_cache(const k3_drive *d) {
     }
 }
 
-k3_status k3_drive_probe(k3_drive *d, const char *path, int measure, int remeasure,
-                         double seconds, char *err, size_t errlen) {
+k3_status k3_drive_probe(k3_drive *d, const char *path, int measure, int remeasure, double seconds,
+                         char *err, size_t errlen) {
     memset(d, 0, sizeof *d);
     snprintf(d->path, sizeof d->path, "%s", path);
     d->numa = -1;

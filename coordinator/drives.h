@@ -24,7 +24,7 @@
 
 typedef struct k3_drive {
     char path[1024];
-    char dev[64];        /* block device name ("nvme0n1p1", "loop3"), "" unknown */
+    char dev[64]; /* block device name ("nvme0n1p1", "loop3"), "" unknown */
     unsigned dev_major, dev_minor;
     int numa;            /* NUMA node of the device, -1 unknown (loop, virtual) */
     int o_direct;        /* 1: an O_DIRECT open and aligned read worked */
@@ -42,8 +42,8 @@ typedef struct k3_drive {
  * (written back to the cache). K3_ERR_MISSING / K3_ERR_ARG when path is
  * not an existing directory; other problems are recorded in d->note with
  * K3_OK, so a caller can report every drive. */
-k3_status k3_drive_probe(k3_drive *d, const char *path, int measure, int remeasure,
-                         double seconds, char *err, size_t errlen);
+k3_status k3_drive_probe(k3_drive *d, const char *path, int measure, int remeasure, double seconds,
+                         char *err, size_t errlen);
 
 /* Number of NUMA nodes of this machine (hwloc), >= 1. */
 int k3_numa_nodes(void);

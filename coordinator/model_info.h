@@ -19,12 +19,12 @@
 typedef struct k3_model_info {
     k3_config cfg;
     int n_shards;
-    uint64_t total_bytes;             /* tensor payload of every shard (vision included) */
-    uint64_t expert_bytes;            /* routed experts, all layers */
+    uint64_t total_bytes;                 /* tensor payload of every shard (vision included) */
+    uint64_t expert_bytes;                /* routed experts, all layers */
     uint64_t layer_expert[K3_MAX_LAYERS]; /* routed expert bytes of each layer */
-    uint64_t slot_bytes;              /* one expert (its six tensors) */
-    uint64_t dense_resident;          /* dense weights in RAM at load (bits 4/8/8, or as prepared) */
-    int is_container;                 /* prepared U8 + .qs matrices present */
+    uint64_t slot_bytes;                  /* one expert (its six tensors) */
+    uint64_t dense_resident; /* dense weights in RAM at load (bits 4/8/8, or as prepared) */
+    int is_container;        /* prepared U8 + .qs matrices present */
 } k3_model_info;
 
 /* Parses config.json and every shard header of dir (with extra shard
