@@ -319,13 +319,6 @@ static void check_drives(report *r, const doctor_cli *c, const k3_model_info *mi
             line(r, 0, what, fix, "%s", err);
             continue;
         }
-        if (!d.o_direct) {
-            snprintf(fix, sizeof fix,
-                     "use a file system with O_DIRECT (ext4, xfs; not tmpfs or some FUSE), or run "
-                     "with --direct 0 (slower, uses the page cache)");
-            line(r, 0, what, fix, "%s: %s", p, d.note);
-            continue;
-        }
         uint64_t have = shard_bytes_in(p);
         uint64_t need = have_mi ? mi->total_bytes / (uint64_t)c->drives.n : 0;
         need = need > have ? need - have : 0;
@@ -335,6 +328,13 @@ static void check_drives(report *r, const doctor_cli *c, const k3_model_info *mi
                      gb(need - d.free_bytes), p, c->drives.n,
                      gb(mi->total_bytes / (uint64_t)c->drives.n));
             line(r, 0, what, fix, "%s: %s free < %s needed", p, hs(d.free_bytes), hs(need));
+            continue;
+        }
+        if (!d.o_direct) {
+            snprintf(fix, sizeof fix,
+                     "use a file system with O_DIRECT (ext4, xfs; not tmpfs or some FUSE), or run "
+                     "with --direct 0 (slower, uses the page cache)");
+            line(r, 0, what, fix, "%s: %s", p, d.note);
             continue;
         }
         if (d.seq_gbs <= 0 || d.rand_gbs <= 0) {

@@ -121,9 +121,9 @@ static uint64_t mem_available(void) {
 typedef struct pworker {
     int numa;
     int drives[K3_MAX_DIRS], n_drives;
-    double bw;                 /* sum of its drives' rand GB/s */
-    int first, last;           /* layers, inclusive */
-    uint64_t expert_bytes;     /* of its layers */
+    double bw;             /* sum of its drives' rand GB/s */
+    int first, last;       /* layers, inclusive */
+    uint64_t expert_bytes; /* of its layers */
     double cache_gb;
 } pworker;
 
@@ -166,8 +166,7 @@ int cmd_plan(int argc, char **argv) {
     k3_drive *dv = calloc((size_t)nd, sizeof *dv);
     for (int i = 0; i < nd && !rc; i++) {
         fprintf(stderr, "plan: measuring %s ...\n", c.drives.items[i]);
-        if (k3_drive_probe(&dv[i], c.drives.items[i], 1, c.remeasure, c.seconds, err,
-                           sizeof err)) {
+        if (k3_drive_probe(&dv[i], c.drives.items[i], 1, c.remeasure, c.seconds, err, sizeof err)) {
             fprintf(stderr, "plan: %s (mount it, or drop it from --drives)\n", err);
             rc = 1;
         } else if (dv[i].seq_gbs <= 0 || dv[i].rand_gbs <= 0) {
@@ -226,9 +225,8 @@ int cmd_plan(int argc, char **argv) {
     if (cache < 0) cache = 0;
     double pred = 0;
     for (int k = 0; k < nw; k++) {
-        w[k].cache_gb = mi.expert_bytes ? cache * (double)w[k].expert_bytes /
-                                              (double)mi.expert_bytes / 1e9
-                                        : 0;
+        w[k].cache_gb =
+            mi.expert_bytes ? cache * (double)w[k].expert_bytes / (double)mi.expert_bytes / 1e9 : 0;
         double hit = w[k].expert_bytes ? w[k].cache_gb * 1e9 / (double)w[k].expert_bytes : 1;
         if (hit > 1) hit = 1;
         for (int q = w[k].first; q <= w[k].last; q++)
@@ -267,7 +265,8 @@ int cmd_plan(int argc, char **argv) {
     }
     for (int k = 0; k < nw; k++) {
         json_t *dr = json_array();
-        for (int j = 0; j < w[k].n_drives; j++) json_array_append_new(dr, json_integer(w[k].drives[j]));
+        for (int j = 0; j < w[k].n_drives; j++)
+            json_array_append_new(dr, json_integer(w[k].drives[j]));
         json_array_append_new(jw, json_pack("{s:i, s:[i,i], s:o, s:f}", "numa", w[k].numa, "layers",
                                             w[k].first, w[k].last, "drives", dr, "cache_gb",
                                             w[k].cache_gb));
@@ -275,7 +274,8 @@ int cmd_plan(int argc, char **argv) {
     json_object_set_new(root, "drives", jd);
     json_object_set_new(root, "workers", jw);
     json_object_set_new(root, "predicted_s_per_token", json_real(pred));
-    json_object_set_new(root, "bound", json_string("drive reads (compute and network not included)"));
+    json_object_set_new(root, "bound",
+                        json_string("drive reads (compute and network not included)"));
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", c.out);
     if (json_dump_file(root, tmp, JSON_INDENT(2)) != 0 || rename(tmp, c.out) != 0) {

@@ -88,7 +88,8 @@ static void largest_file(const char *dir, char *out, size_t n, uint64_t *size) {
 
 /* Writes <dir>/.k3_probe (K3_DRIVE_PROBE_BYTES of non-zero bytes, so no
  * file system can store it sparse). */
-static int write_probe(const char *dir, char *path, size_t n, char *note, size_t nl) {
+static int write_probe(const char *dir, uint64_t bytes, char *path, size_t n, char *note,
+                       size_t nl) {
     snprintf(path, n, "%s/.k3_probe", dir);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
@@ -98,7 +99,7 @@ static int write_probe(const char *dir, char *path, size_t n, char *note, size_t
     unsigned char *buf = malloc(SEQ_REQ);
     for (size_t i = 0; i < SEQ_REQ; i++) buf[i] = (unsigned char)(i * 131u + 7u);
     int rc = 0;
-    for (uint64_t w = 0; w < K3_DRIVE_PROBE_BYTES && !rc; w += SEQ_REQ)
+    for (uint64_t w = 0; w < bytes && !rc; w += SEQ_REQ)
         if (write(fd, buf, SEQ_REQ) != (ssize_t)SEQ_REQ) {
             snprintf(note, nl, "writing the probe file %s: %s", path, strerror(errno));
             rc = -1;
@@ -202,32 +203,55 @@ k3_status k3_drive_probe(k3_drive *d, const char *path, int measure, int remeasu
     char file[2048];
     uint64_t fsize;
     largest_file(path, file, sizeof file, &fsize);
-    /* O_DIRECT: an aligned read of a file there (or the directory's own
-     * open flag test when it holds nothing yet) */
-    int fd = open(file[0] ? file : path,
-                  (file[0] ? O_RDONLY : O_RDONLY | O_DIRECTORY) | O_DIRECT | O_CLOEXEC);
+    /* O_DIRECT: an aligned read of a file there (a 4 KiB test file when
+     * the directory holds none yet) */
+    char test[2048] = "";
+    if (!file[0]) {
+        snprintf(test, sizeof test, "%s/.k3_odirect", path);
+        int tf = open(test, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        char page[ALIGN];
+        memset(page, 0x5a, sizeof page);
+        int wok = tf >= 0 && write(tf, page, sizeof page) == (ssize_t)sizeof page && fsync(tf) == 0;
+        if (tf >= 0) close(tf);
+        if (!wok) {
+            snprintf(d->note, sizeof d->note, "cannot write a test file in %s: %s", path,
+                     strerror(errno));
+            unlink(test);
+            return K3_OK;
+        }
+    }
+    const char *probe = file[0] ? file : test;
+    int fd = open(probe, O_RDONLY | O_DIRECT | O_CLOEXEC);
     if (fd < 0) {
         snprintf(d->note, sizeof d->note, "O_DIRECT open: %s", strerror(errno));
     } else {
         d->o_direct = 1;
-        if (file[0]) {
-            void *buf = NULL;
-            if (posix_memalign(&buf, ALIGN, ALIGN) == 0 && pread(fd, buf, ALIGN, 0) != ALIGN) {
-                d->o_direct = 0;
-                snprintf(d->note, sizeof d->note, "O_DIRECT read: %s", strerror(errno));
-            }
-            free(buf);
+        void *buf = NULL;
+        if (posix_memalign(&buf, ALIGN, ALIGN) == 0 && pread(fd, buf, ALIGN, 0) != ALIGN) {
+            d->o_direct = 0;
+            snprintf(d->note, sizeof d->note, "O_DIRECT read: %s", strerror(errno));
         }
+        free(buf);
         close(fd);
     }
+    if (test[0]) unlink(test);
     if (!measure || !d->o_direct) return K3_OK;
     if (!remeasure && load_cache(d)) {
         d->from_cache = 1;
         return K3_OK;
     }
     if (!file[0]) {
-        if (write_probe(path, file, sizeof file, d->note, sizeof d->note) != 0) return K3_OK;
-        fsize = K3_DRIVE_PROBE_BYTES;
+        /* at most half the free space, in whole requests */
+        uint64_t pb = d->free_bytes / 2 / SEQ_REQ * SEQ_REQ;
+        if (pb > K3_DRIVE_PROBE_BYTES) pb = K3_DRIVE_PROBE_BYTES;
+        if (pb < 2 * K3_DRIVE_RAND_BYTES) {
+            snprintf(d->note, sizeof d->note,
+                     "%.1f MB free: too little for a %.0f MB probe file to measure reads",
+                     (double)d->free_bytes / 1e6, 2 * K3_DRIVE_RAND_BYTES / 1e6);
+            return K3_OK;
+        }
+        if (write_probe(path, pb, file, sizeof file, d->note, sizeof d->note) != 0) return K3_OK;
+        fsize = pb;
         /* the probe was just written: drop its pages so reads hit the drive
          * (O_DIRECT bypasses the cache anyway; this keeps RAM free) */
         int pf = open(file, O_RDONLY | O_CLOEXEC);

@@ -17,10 +17,12 @@
 
 #include "common/base/err.h"
 
-#define K3_DRIVE_PROBE_BYTES (256ull << 20) /* probe file: 256 MiB, a few s at 100 MB/s */
-#define K3_DRIVE_PROBE_MIN   (64ull << 20)  /* an existing file this big is read instead */
-#define K3_DRIVE_RAND_BYTES  17547264ull    /* one K3 expert slot, 4096-aligned */
-#define K3_DRIVE_CACHE_S     (7 * 86400)    /* a measurement is trusted for a week */
+#define K3_DRIVE_PROBE_BYTES                                                                       \
+    (256ull << 20)                        /* probe file: 256 MiB (at most half the free            \
+                                             space), a few s at 100 MB/s */
+#define K3_DRIVE_PROBE_MIN  (64ull << 20) /* an existing file this big is read instead */
+#define K3_DRIVE_RAND_BYTES 17547264ull   /* one K3 expert slot, 4096-aligned */
+#define K3_DRIVE_CACHE_S    (7 * 86400)   /* a measurement is trusted for a week */
 
 typedef struct k3_drive {
     char path[1024];
