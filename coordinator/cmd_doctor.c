@@ -31,20 +31,8 @@ typedef struct doctor_cli {
 
 #define O(f) offsetof(doctor_cli, f)
 static const k3_opt doctor_table[] = {
-    {.name = "model",
-     .flag = "--model",
-     .env = "K3_MODEL",
-     .type = K3_OPT_STRING,
-     .offset = O(model),
-     .metavar = "DIR",
-     .help = "model directory: a snapshot or a repacked container"},
-    {.name = "drives",
-     .flag = "--drives",
-     .type = K3_OPT_LIST,
-     .offset = O(drives),
-     .max = K3_MAX_DIRS,
-     .metavar = "D1,D2",
-     .help = "drive directories to check (O_DIRECT, free space, read GB/s, NUMA)"},
+    K3_DRIVE_OPT_ROWS(doctor_cli, model, drives, seconds, remeasure,
+                      "model directory: a snapshot or a repacked container"),
     {.name = "workers",
      .flag = "--workers",
      .type = K3_OPT_LIST,
@@ -52,21 +40,6 @@ static const k3_opt doctor_table[] = {
      .max = 64,
      .metavar = "tcp://H:P,..",
      .help = "worker endpoints (their build and protocol versions: not checked yet)"},
-    {.name = "seconds",
-     .flag = "--seconds",
-     .type = K3_OPT_DOUBLE,
-     .offset = O(seconds),
-     .def = "2",
-     .min = 0.1,
-     .max = 60,
-     .metavar = "S",
-     .help = "seconds of each drive read measurement (cached in the drive's .k3_drive.json)"},
-    {.name = "remeasure",
-     .flag = "--remeasure",
-     .type = K3_OPT_BOOL,
-     .offset = O(remeasure),
-     .def = "0",
-     .help = "measure the drives again instead of using their cached figures"},
     {.name = "deep",
      .flag = "--deep",
      .type = K3_OPT_BOOL,
@@ -119,17 +92,6 @@ static const char *hs(uint64_t b) {
     else
         snprintf(o, 32, "%.1f MB", (double)b / 1e6);
     return o;
-}
-
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char key[64];
-    unsigned long long kb = 0, v;
-    while (fscanf(f, "%63s %llu kB\n", key, &v) == 2)
-        if (!strcmp(key, "MemAvailable:")) kb = v;
-    fclose(f);
-    return (uint64_t)kb * 1024;
 }
 
 /* *.tmp left by an interrupted repack: the first name, and how many */
@@ -264,7 +226,7 @@ static void check_tokenizer(report *r, const doctor_cli *c) {
 }
 
 static void check_host(report *r, const k3_model_info *mi, int have_mi, int n_shards) {
-    uint64_t avail = mem_available();
+    uint64_t avail = k3_mem_available();
     if (have_mi) {
         uint64_t dense = mi->dense_resident, reserve = avail / 10;
         char fix[300];

@@ -41,20 +41,8 @@ typedef struct plan_cli {
 
 #define O(f) offsetof(plan_cli, f)
 static const k3_opt plan_table[] = {
-    {.name = "model",
-     .flag = "--model",
-     .env = "K3_MODEL",
-     .type = K3_OPT_STRING,
-     .offset = O(model),
-     .metavar = "DIR",
-     .help = "model directory (snapshot or container): config, index, shard headers"},
-    {.name = "drives",
-     .flag = "--drives",
-     .type = K3_OPT_LIST,
-     .offset = O(drives),
-     .max = K3_MAX_DIRS,
-     .metavar = "D1,D2",
-     .help = "drive directories that will hold the experts"},
+    K3_DRIVE_OPT_ROWS(plan_cli, model, drives, seconds, remeasure,
+                      "model directory (snapshot or container): config, index, shard headers"),
     {.name = "ram",
      .flag = "--ram",
      .type = K3_OPT_DOUBLE,
@@ -77,21 +65,6 @@ static const k3_opt plan_table[] = {
      .def = "k3-plan.json",
      .metavar = "FILE",
      .help = "the plan file written"},
-    {.name = "seconds",
-     .flag = "--seconds",
-     .type = K3_OPT_DOUBLE,
-     .offset = O(seconds),
-     .def = "2",
-     .min = 0.1,
-     .max = 60,
-     .metavar = "S",
-     .help = "seconds of each drive measurement (sequential, then random)"},
-    {.name = "remeasure",
-     .flag = "--remeasure",
-     .type = K3_OPT_BOOL,
-     .offset = O(remeasure),
-     .def = "0",
-     .help = "measure again instead of using a drive's cached .k3_drive.json"},
     {.name = "help", .flag = "--help", .type = K3_OPT_BOOL, .offset = O(help), .help = "this text"},
 };
 #undef O
@@ -106,17 +79,6 @@ static const char usage_text[] =
     "and expert cache budget, and each drive's share of the expert bytes (in\n"
     "proportion to its measured speed). It optimises single-session decode and\n"
     "prints the predicted s/token with what bounds it.";
-
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char key[64];
-    unsigned long long kb = 0, v;
-    while (fscanf(f, "%63s %llu kB\n", key, &v) == 2)
-        if (!strcmp(key, "MemAvailable:")) kb = v;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
 
 typedef struct pworker {
     int numa;
@@ -220,7 +182,7 @@ int cmd_plan(int argc, char **argv) {
         w[k].last = l - 1;
     }
     /* RAM: dense weights first, a 10% reserve, the rest is expert cache */
-    double ram = c.ram > 0 ? c.ram * 1e9 : (double)mem_available();
+    double ram = c.ram > 0 ? c.ram * 1e9 : (double)k3_mem_available();
     double cache = ram * 0.9 - (double)mi.dense_resident;
     if (cache < 0) cache = 0;
     double pred = 0;

@@ -21,6 +21,17 @@
 #define ALIGN   4096
 #define SEQ_REQ (4u << 20) /* sequential request size */
 
+uint64_t k3_mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char key[64];
+    unsigned long long kb = 0, v;
+    while (fscanf(f, "%63s %llu kB\n", key, &v) == 2)
+        if (!strcmp(key, "MemAvailable:")) kb = v;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
 int k3_numa_nodes(void) {
     hwloc_topology_t topo;
     if (hwloc_topology_init(&topo) != 0) return 1;

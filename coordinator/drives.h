@@ -16,6 +16,8 @@
 #include <stdint.h>
 
 #include "common/base/err.h"
+#include "common/base/limits.h"
+#include "common/base/opts.h"
 
 #define K3_DRIVE_PROBE_BYTES                                                                       \
     (256ull << 20)                        /* probe file: 256 MiB (at most half the free            \
@@ -49,5 +51,25 @@ k3_status k3_drive_probe(k3_drive *d, const char *path, int measure, int remeasu
 
 /* Number of NUMA nodes of this machine (hwloc), >= 1. */
 int k3_numa_nodes(void);
+
+/* MemAvailable of /proc/meminfo in bytes, 0 when unreadable. */
+uint64_t k3_mem_available(void);
+
+/* The option rows doctor and plan share (common/base/opts.h): --model,
+ * --drives, --seconds, --remeasure into fields of the program's struct T. */
+// clang-format off
+#define K3_DRIVE_OPT_ROWS(T, model_f, drives_f, seconds_f, remeasure_f, model_help)               \
+    {.name = "model", .flag = "--model", .env = "K3_MODEL", .type = K3_OPT_STRING,                \
+     .offset = offsetof(T, model_f), .metavar = "DIR", .help = model_help},                       \
+    {.name = "drives", .flag = "--drives", .type = K3_OPT_LIST, .offset = offsetof(T, drives_f),  \
+     .max = K3_MAX_DIRS, .metavar = "D1,D2",                                                      \
+     .help = "drive directories (O_DIRECT, free space, read GB/s, NUMA node)"},                   \
+    {.name = "seconds", .flag = "--seconds", .type = K3_OPT_DOUBLE, .offset = offsetof(T, seconds_f), \
+     .def = "2", .min = 0.1, .max = 60, .metavar = "S",                                           \
+     .help = "seconds of each drive read measurement (cached in the drive's .k3_drive.json)"},    \
+    {.name = "remeasure", .flag = "--remeasure", .type = K3_OPT_BOOL,                             \
+     .offset = offsetof(T, remeasure_f), .def = "0",                                              \
+     .help = "measure the drives again instead of using their cached figures"}
+// clang-format on
 
 #endif

@@ -12,6 +12,7 @@ set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C"
 make_tmp workstation_doctor
+. "$(dirname "$0")/../workstation_lib.sh"
 PY=/usr/bin/python3
 
 "$C" repack "$TINY" "$T/ct" --bits 8 --quiet 2>/dev/null || bad "repack for the doctor test"
@@ -42,31 +43,12 @@ expect_pass "the tiny snapshot" --model "$TINY"
 expect_pass "an int8 container" --model "$T/ct"
 
 # broken containers (the same edits as test_repack.sh)
-edit() { # dir mode
-    $PY - "$1" "$2" <<'PY'
-import json, struct, sys
-d, mode = sys.argv[1], sys.argv[2]
-wm = json.load(open(d + "/model.safetensors.index.json"))["weight_map"]
-name = sorted(k for k in wm if k.endswith("layers.3.self_attn.kv_a_proj_with_mqa.weight"))[0]
-path = d + "/" + wm[name]
-raw = open(path, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
-h = json.loads(raw[8:8 + n])
-if mode == "swap":
-    h[name]["shape"] = h[name]["shape"][::-1]
-else:
-    h[name + ".qz"] = h.pop(name + ".qs")
-items = sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0])
-text = json.dumps(dict(items), separators=(",", ":"))
-text += " " * (n - len(text))
-open(path, "wb").write(raw[:8] + text.encode() + raw[8 + n:])
-PY
-}
 fresh
-edit "$T/b" swap
+ws_edit_header "$T/b" swap >/dev/null
 "$C" repack "$TINY" "$T/b" --bits 8 --quiet 2>/dev/null # index of the edited shards
 expect_fail "a wrong-shape prepared matrix" container --model "$T/b"
 fresh
-edit "$T/b" noqs
+ws_edit_header "$T/b" noqs >/dev/null
 "$C" repack "$TINY" "$T/b" --bits 8 --quiet 2>/dev/null
 expect_fail "a missing .qs sidecar" files --model "$T/b"
 fresh
@@ -96,7 +78,6 @@ if [ "$(id -u)" -ne 0 ]; then
     skip "good and full loop drives" "needs root"
     exit $fail
 fi
-. "$(dirname "$0")/../workstation_drives.sh"
 ws_init "good and full loop drives"
 ws_drive good 96
 good=$WS_DIR

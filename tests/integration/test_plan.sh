@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/integration/test_plan.sh: `k3-coordinator plan` on 2 and 4 throttled
-# loop-device drives of different speeds (tests/workstation_drives.sh):
+# loop-device drives of different speeds (tests/workstation_lib.sh):
 # each drive's share of the expert bytes follows its throttle within 15 %,
 # the plan file has the agreed format (docs/DEPLOY.md "Workstation"), and a
 # second run takes the measurements from the drives' caches.
@@ -8,7 +8,7 @@ set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C"
 make_tmp workstation_plan
-. "$(dirname "$0")/../workstation_drives.sh"
+. "$(dirname "$0")/../workstation_lib.sh"
 ws_init "plan on throttled loop drives"
 PY=/usr/bin/python3
 

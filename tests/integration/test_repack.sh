@@ -15,6 +15,7 @@ set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C"
 make_tmp workstation_repack
+. "$(dirname "$0")/../workstation_lib.sh"
 export K3_USAGE=off K3_LOG=warn
 IDS=5,7,9,11,13,17,19,23
 PY=/usr/bin/python3
@@ -150,33 +151,10 @@ else
 fi
 
 # 6. broken containers are refused at load, naming the tensor
-# edit_header DIR MODE: MODE swap = swap the dims of a prepared matrix's
-# shape (same bytes, wrong shape), noqs = rename its .qs sidecar away
-edit_header() {
-    $PY - "$1" "$2" <<'PY'
-import json, struct, sys
-d, mode = sys.argv[1], sys.argv[2]
-wm = json.load(open(d + "/model.safetensors.index.json"))["weight_map"]
-name = sorted(k for k in wm if k.endswith("layers.3.self_attn.kv_a_proj_with_mqa.weight"))[0]
-path = d + "/" + wm[name]
-raw = open(path, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
-h = json.loads(raw[8:8 + n])
-if mode == "swap":
-    h[name]["shape"] = h[name]["shape"][::-1]
-else:
-    h[name + ".qz"] = h.pop(name + ".qs")
-items = sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0])
-text = json.dumps(dict(items), separators=(",", ":"))
-text += " " * (n - len(text))
-assert len(text) == n
-open(path, "wb").write(raw[:8] + text.encode() + raw[8 + n:])
-print(name)
-PY
-}
 for mode in swap noqs; do
     rm -rf "$T/b_$mode"
     cp -r "$T/c8" "$T/b_$mode"
-    name=$(edit_header "$T/b_$mode" $mode)
+    name=$(ws_edit_header "$T/b_$mode" $mode)
     # the index is rebuilt from the edited shards (no shard is rewritten)
     "$C" repack "$TINY" "$T/b_$mode" --bits 8 --quiet 2>/dev/null
     if logits "$T/o_$mode" "$T/b_$mode"; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tests/integration/test_workstation.sh: deploy/k3-workstation on the tiny
-# checkpoint with 3 loop-device drives (tests/workstation_drives.sh):
+# checkpoint with 3 loop-device drives (tests/workstation_lib.sh):
 # setup (doctor, plan, repack onto the drives) then `start chat` gives the
 # logits of `--local 0` on the source at the same bits; `start serve`
 # answers /v1/completions with the CLI's text; `status` lists the workers;
@@ -10,7 +10,7 @@ set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C" "$W"
 make_tmp workstation_ws
-. "$(dirname "$0")/../workstation_drives.sh"
+. "$(dirname "$0")/../workstation_lib.sh"
 ws_init "k3-workstation on loop drives"
 KW=$(cd "$(dirname "$0")/../../deploy" && pwd)/k3-workstation
 export K3_WS_STATE=$T/state K3_BIN=$(cd "$BUILD" && pwd) K3_USAGE=off

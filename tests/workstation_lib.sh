@@ -1,6 +1,11 @@
-# tests/workstation_drives.sh: throttled loop-device "drives" for the
-# workstation tests (test_plan.sh, test_workstation.sh). Sourced after
-# tests/lib.sh and make_tmp, as root. The mechanism of
+# tests/workstation_lib.sh: what the workstation tests share (test_repack.sh,
+# test_doctor.sh, test_plan.sh, test_workstation.sh). Sourced after
+# tests/lib.sh and make_tmp.
+#   ws_edit_header DIR swap|noqs   breaks a container's
+#                      layers.3 kv_a_proj_with_mqa: swap = its shape reversed
+#                      (same bytes), noqs = its .qs sidecar renamed away;
+#                      prints the tensor's name
+# Throttled loop-device "drives" (as root): The mechanism of
 # tests/bench/bench-drives.sh: a file in /dev/shm behind a loop device with
 # ext4, mounted under $T; reads are throttled by a cgroup v1 blkio group
 # whose read_bps_device limits each loop device, and the measuring process
@@ -64,4 +69,26 @@ ws_throttle() { # dir mbps
 
 ws_in_cg() { # cmd...
     sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$WS_CG" "$@"
+}
+
+ws_edit_header() { # dir swap|noqs
+    /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, struct, sys
+d, mode = sys.argv[1], sys.argv[2]
+wm = json.load(open(d + "/model.safetensors.index.json"))["weight_map"]
+name = sorted(k for k in wm if k.endswith("layers.3.self_attn.kv_a_proj_with_mqa.weight"))[0]
+path = d + "/" + wm[name]
+raw = open(path, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+if mode == "swap":
+    h[name]["shape"] = h[name]["shape"][::-1]
+else:
+    h[name + ".qz"] = h.pop(name + ".qs")
+items = sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0])
+text = json.dumps(dict(items), separators=(",", ":"))
+text += " " * (n - len(text))
+assert len(text) == n
+open(path, "wb").write(raw[:8] + text.encode() + raw[8 + n:])
+print(name)
+PY
 }
