@@ -132,8 +132,7 @@ size_t k3_moe_scratch_bytes(const k3_config *c, int T) {
            + k3_arena_round(sizeof(int) * t) + k3_arena_round(sizeof(float) * t)  /* gather */
            + 2 * k3_arena_round(sizeof(float) * t * Lt)                           /* zg, y */
            + k3_arena_round(t * Lt) + k3_arena_round(sizeof(float) * t * Lt / 32) /* zqg zsg */
-           + expert_scratch_bytes(c, T) +
-           2 * k3_arena_round(sizeof(int32_t) * E)      /* run order, disk ranks */
+           + expert_scratch_bytes(c, T) + k3_arena_round(sizeof(int32_t) * E)     /* run order */
            + k3_arena_round(E)                          /* cached snapshot */
            + k3_arena_round(sizeof(int) * t)            /* gathered selection index */
            + k3_arena_round(sizeof(float) * t * K * Lt) /* expert outputs per selection */
