@@ -676,6 +676,10 @@ k3_status k3_container_check(const char *dir, int *is_container, char *err, size
     *is_container = strstr(text, ".qs\"") != NULL;
     char path[PATHN];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, F_OK) != 0 && n == 1) { /* a single model.safetensors needs no index */
+        free(text);
+        return K3_OK;
+    }
     json_error_t je;
     json_t *have = json_load_file(path, 0, &je), *want = json_loads(text, 0, &je);
     free(text);

@@ -41,6 +41,11 @@ fresh() { rm -rf "$T/b"; cp -r "$T/ct" "$T/b"; }
 
 expect_pass "the tiny snapshot" --model "$TINY"
 expect_pass "an int8 container" --model "$T/ct"
+if $PY "$(dirname "$0")/../fixtures/k3_gen.py" --profile tiny --single-file --out "$T/single" >/dev/null 2>&1; then
+    expect_pass "a single-file snapshot (no index.json)" --model "$T/single"
+else
+    bad "k3_gen.py --single-file failed"
+fi
 
 # broken containers (the same edits as test_repack.sh)
 fresh
