@@ -23,7 +23,7 @@ done
 
 # setup
 if "$KW" setup "$TINY" --drives "$drives" --seconds 0.2 >"$T/setup.out" 2>&1; then
-    ok "setup on 3 drives: $(grep -c 'repack: done' "$T/setup.out") repack runs, layout: $(grep -o 'drive [0-9] .*: layers [0-9]*-[0-9]*' "$T/setup.out" | sed 's/ .*layers/:/' | tr '\n' ' ')"
+    ok "setup on 3 drives: $(grep -c 'repack: done' "$T/setup.out") repack runs, layout:$(sed -n 's/.*drive \([0-9]\) .*: layers \([0-9]*-[0-9]*\).*/ drive \1 layers \2/p' "$T/setup.out" | tr -d '\n')"
 else
     bad "setup failed: $(tail -3 "$T/setup.out")"
     exit 1
