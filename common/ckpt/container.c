@@ -742,6 +742,34 @@ static int wanted(const k3_repack_opts *o, int num) {
     return 0;
 }
 
+/* <dst>/.k3_repack.json records the bits a container was started with: a
+ * resumed or --shards run with other bits would mix formats in one
+ * container, so it is refused naming both. */
+static k3_status settings_check(const k3_repack_opts *o, char *err, size_t errlen) {
+    char path[PATHN];
+    snprintf(path, sizeof path, "%s/.k3_repack.json", o->dst);
+    json_error_t je;
+    json_t *have = json_load_file(path, 0, &je);
+    if (have) {
+        int b = (int)json_integer_value(json_object_get(have, "bits"));
+        int mb = (int)json_integer_value(json_object_get(have, "mla_bits"));
+        int hb = (int)json_integer_value(json_object_get(have, "head_bits"));
+        json_decref(have);
+        if (b != o->bits || mb != o->mla_bits || hb != o->head_bits)
+            return k3_errf(K3_ERR_MISMATCH, err, errlen,
+                           "%s was started with --bits %d --mla-bits %d --head-bits %d, this run "
+                           "asks for %d / %d / %d: use the same bits to resume, or another DST",
+                           o->dst, b, mb, hb, o->bits, o->mla_bits, o->head_bits);
+        return K3_OK;
+    }
+    json_t *j = json_pack("{s:s, s:i, s:i, s:i}", "format", "k3shard-repack", "bits", o->bits,
+                          "mla_bits", o->mla_bits, "head_bits", o->head_bits);
+    int rc = j ? json_dump_file(j, path, JSON_SORT_KEYS) : -1;
+    json_decref(j);
+    if (rc != 0) return k3_errf(K3_ERR_IO, err, errlen, "%s: cannot write", path);
+    return K3_OK;
+}
+
 k3_status k3_repack(const k3_repack_opts *o, k3_repack_stats *stats, char *err, size_t errlen) {
     memset(stats, 0, sizeof *stats);
     double t0 = k3_now_s();
@@ -761,6 +789,8 @@ k3_status k3_repack(const k3_repack_opts *o, k3_repack_stats *stats, char *err, 
             return k3_errf(K3_ERR_ARG, err, errlen, "repack: SRC and DST are the same directory %s",
                            a);
     }
+    st = settings_check(o, err, errlen);
+    if (st) return st;
     st_open_opts so = {o->src, NULL, 0};
     st = st_open(&x.src, &so, err, errlen);
     if (!st) st = st_open_all(x.src, err, errlen);

@@ -112,6 +112,15 @@ else
     bad "resumed repack differs: $(diff -rq "$T/k8" "$T/c8" | head -2)"
 fi
 
+# a resumed run with other bits would mix formats: refused
+if "$C" repack "$TINY" "$T/c8" --bits 4 --quiet 2>"$T/mix.err"; then
+    bad "repack --bits 4 into an int8 container was accepted"
+elif grep -q 'was started with --bits 8' "$T/mix.err"; then
+    ok "repack --bits 4 into an int8 container refused: $(sed 's/^repack: //' "$T/mix.err" | cut -c1-100)"
+else
+    bad "repack --bits 4 into an int8 container: unexpected message: $(tail -1 "$T/mix.err")"
+fi
+
 # 4. disjoint --shards runs give the index of one run
 "$C" repack "$TINY" "$T/s8" --bits 8 --shards 1,2,3 --quiet 2>/dev/null
 n1=$($PY -c 'import json,sys; print(len(set(json.load(open(sys.argv[1]))["weight_map"].values())))' "$T/s8/model.safetensors.index.json")
