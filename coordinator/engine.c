@@ -86,6 +86,7 @@ static k3_status open_model(k3_engine *e, const k3_engine_open_opts *o, char *er
      * environment, so a usage flag is exported for them (no thread of ours
      * runs yet, setenv is safe). */
     if (o->usage_flag) setenv("K3_USAGE", mo->usage_path ? mo->usage_path : "off", 1);
+    if (mo->mmap) setenv("K3_MMAP", "1", 1);   /* --mmap reaches local workers too */
     mo->verbose = k3_log_enabled(K3_LOG_INFO); /* per-layer load lines */
     K3_INFO("loading %s (bits %d/%d/%d, idot %d, %d threads)", eng->model, mo->bits, mo->mla_bits,
             mo->head_bits, mo->idot, mo->threads);

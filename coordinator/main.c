@@ -32,6 +32,9 @@
 #include "coordinator/cli_stop.h"
 #include "coordinator/cluster.h"
 #include "coordinator/cmd_chat.h"
+#include "coordinator/cmd_doctor.h"
+#include "coordinator/cmd_plan.h"
+#include "coordinator/cmd_repack.h"
 #include "coordinator/cmd_tokenize.h"
 #include "common/ckpt/config.h"
 #include "common/engine/engine_opts.h"
@@ -266,6 +269,9 @@ static const char *usage_text =
     "docs/CHAT.md)\n"
     "       k3-coordinator web --model DIR [serve options]    (serve + the chat page at /, "
     "docs/WEB.md)\n"
+    "       k3-coordinator repack SRC DST [options]    (repacked container, docs/DEPLOY.md)\n"
+    "       k3-coordinator doctor --model DIR [--drives D1,..]    (checks a run's needs)\n"
+    "       k3-coordinator plan --model DIR --drives D1,..    (workers, drives, budgets)\n"
     "\n"
     "Generates text with Kimi K3. A text prompt is tokenized with the model\n"
     "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.\n"
@@ -659,6 +665,9 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "chat")) return cmd_chat(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "web")) return cmd_web(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "repack")) return cmd_repack(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "doctor")) return cmd_doctor(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";

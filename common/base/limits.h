@@ -89,4 +89,9 @@
 /* --file / stdin prompt of the command line: ~60 M tokens of text */
 #define K3_MAX_PROMPT_FILE_BYTES (256u << 20)
 
+/* ---- repacked container (common/ckpt/container.h) ---- */
+#define K3_REPACK_BLOCK                                                                            \
+    (64u << 20) /* repack / verify read block: big enough for                                      \
+                   GB/s sequential reads, small next to RAM */
+
 #endif

@@ -44,6 +44,7 @@ typedef struct k3_engine_opts {
     int max_layers;     /* truncate the stack to this many layers, 0 = all */
     char *usage;        /* usage history file; NULL = ~/.cache/k3shard/<fp>/usage, "off" = none */
     int usage_save;     /* save the usage history at a clean exit */
+    int mmap;           /* map a repacked container's prepared matrices read-only */
     int isa;            /* kernel level: K3_ISA_AUTO or a k3_isa (k3_engine_opts_apply) */
     int log_level;      /* a k3_log_level (k3_engine_opts_apply) */
     int quiet;          /* --quiet: warnings and errors only (beats log_level) */
@@ -172,6 +173,14 @@ typedef struct k3_engine_opts {
      .offset = K3_ENGINE_OFF(T, m, usage_save),                                                    \
      .def = "1",                                                                                   \
      .help = "save the expert usage history at a clean exit (0 = read only)"},                     \
+    {.name = "mmap",                                                                               \
+     .flag = "--mmap",                                                                             \
+     .env = "K3_MMAP",                                                                             \
+     .type = K3_OPT_BOOL,                                                                          \
+     .offset = K3_ENGINE_OFF(T, m, mmap),                                                          \
+     .def = "0",                                                                                   \
+     .help = "map a repacked container's U8/F32 matrices read-only (file-backed, not heap); "      \
+             "refuses a matrix that needs conversion"},                                            \
     {.name = "pipe",                                                                               \
      .env = "K3_PIPE",                                                                             \
      .type = K3_OPT_BOOL,                                                                          \

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,6 +52,11 @@ struct k3_model {
     k3_qmat lm_head;        /* [vocab][D], K3_HEAD_BITS */
     uint64_t fingerprint;
     size_t resident; /* bytes of dense weights */
+    /* K3_MMAP: one read-only mapping per shard holding a mapped matrix,
+     * [st_shard_count], made serially in phase 1 (add_mat), unmapped at close */
+    void **map_base;
+    size_t *map_len;
+    int n_maps;
 };
 
 void k3_model_opts_default(k3_model_opts *o) {
@@ -220,6 +226,42 @@ static k3_status layer_vec(loader *ld, const char *suffix, int64_t n, float **ds
     return add_vec(ld, lname(ld, suffix, name, sizeof name), 1, shape, dst);
 }
 
+/* K3_MMAP: maps shard `shard` whole, read-only, once. The pages stay
+ * file-backed (clean, reclaimable): RSS shows them, the private heap does not. */
+#define TRY_MAP(x)                                                                                 \
+    do {                                                                                           \
+        k3_status stm_ = (x);                                                                      \
+        if (stm_ != K3_OK) return stm_;                                                            \
+    } while (0)
+
+static k3_status map_shard(loader *ld, int shard) {
+    k3_model *m = ld->m;
+    if (!m->map_base) {
+        m->n_maps = st_shard_count(m->idx);
+        m->map_base = k3_xcalloc((size_t)m->n_maps, sizeof *m->map_base);
+        m->map_len = k3_xcalloc((size_t)m->n_maps, sizeof *m->map_len);
+    }
+    if (shard < 0 || shard >= m->n_maps) return K3_ERR_INTERNAL;
+    if (m->map_base[shard]) return K3_OK;
+    int fd = st_shard_fd(m->idx, shard, 0);
+    size_t len = (size_t)st_shard_size(m->idx, shard);
+    void *p = fd >= 0 && len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (p == MAP_FAILED)
+        return k3_errf(K3_ERR_IO, ld->err, ld->errlen, "K3_MMAP: cannot map %s: %s",
+                       st_shard_path(m->idx, shard), fd < 0 ? "not open" : strerror(errno));
+    m->map_base[shard] = p;
+    m->map_len[shard] = len;
+    return K3_OK;
+}
+
+/* K3_MMAP refuses, naming the tensor, any matrix it cannot use in place. */
+static k3_status mmap_refuse(loader *ld, const char *name, const char *why) {
+    return k3_errf(K3_ERR_FORMAT, ld->err, ld->errlen,
+                   "K3_MMAP=1: tensor %s %s; mapping needs a fully repacked container "
+                   "(k3-coordinator repack) at its own bits: unset K3_MMAP or repack",
+                   name, why);
+}
+
 /* A [rows][cols] matrix in `bits` (>= 32: f32). A U8 tensor with a .qs
  * sidecar is a prepared container matrix (docs/MODEL.md 2.3). `class_bits` says
  * whether the matrix belongs to the K3_BITS class (explicit 4 downcasts). */
@@ -258,14 +300,24 @@ static k3_status add_mat(loader *ld, const char *name, int rows, int cols, int b
         if (!is_float_dtype(qs->dtype))
             return k3_errf(K3_ERR_FORMAT, ld->err, ld->errlen, "tensor %s: dtype %s, expected F32",
                            qs_name, st_dtype_name(qs->dtype));
+        int downcast =
+            is_i8 && class_bits && m->opts.bits_explicit && m->opts.bits == 4 && cols % 64 == 0;
+        if (m->opts.mmap) {
+            if (downcast) return mmap_refuse(ld, name, "is int8 and K3_BITS=4 asks for a downcast");
+            if (qs->dtype != ST_F32 || qs->offset % sizeof(float))
+                return mmap_refuse(ld, qs_name, "is not an aligned F32 sidecar");
+            TRY_MAP(map_shard(ld, t->shard));
+            TRY_MAP(map_shard(ld, qs->shard));
+        }
         j = new_job(ld);
         j->qs = qs;
-        j->downcast =
-            is_i8 && class_bits && m->opts.bits_explicit && m->opts.bits == 4 && cols % 64 == 0;
+        j->downcast = downcast;
     } else {
         int64_t shape[2] = {rows, cols};
         st = find_checked(ld, name, 2, shape, &t);
         if (st != K3_OK) return st;
+        if (m->opts.mmap && bits < 32)
+            return mmap_refuse(ld, name, "is not prepared (it needs load-time quantization)");
         j = new_job(ld);
     }
     j->kind = JOB_MAT;
@@ -320,6 +372,22 @@ static void run_job(k3_model *m, load_job *j) {
         int is_i8 = t->shape[1] == j->cols;
         size_t nq = is_i8 ? rows * cols : rows * cols / 2;
         size_t ns = is_i8 ? rows : rows * cols / 64;
+        if (m->opts.mmap) {
+            /* mapped in place: the bytes are the engine's storage as they are */
+            unsigned char *tb = m->map_base[t->shard], *sbm = m->map_base[j->qs->shard];
+            q.fmt = is_i8 ? K3_QF_I8 : K3_QF_I4G64;
+            q.rows = j->rows;
+            q.cols = j->cols;
+            if (is_i8)
+                q.q8 = (int8_t *)(tb + t->offset);
+            else
+                q.q4 = tb + t->offset;
+            q.scales = (float *)(void *)(sbm + j->qs->offset);
+            q.owned = 0;
+            q.idot = m->opts.dense_idot;
+            *j->mat = q;
+            return;
+        }
         void *qb = alloc_or_null(nq);
         float *sb = alloc_or_null(sizeof(float) * ns);
         if (!qb || !sb) {
@@ -821,6 +889,10 @@ void k3_model_close(k3_model **mp) {
     k3_experts_close(&m->experts);
     free(m->usage_path);
     k3_pool_close(&m->pool);
+    for (int i = 0; i < m->n_maps; i++)
+        if (m->map_base[i]) munmap(m->map_base[i], m->map_len[i]);
+    free(m->map_base);
+    free(m->map_len);
     st_close(&m->idx);
     free(m);
     *mp = NULL;

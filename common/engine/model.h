@@ -62,6 +62,9 @@ typedef struct k3_model_opts {
                                then the cache is warmed from it */
     int usage_save;         /* K3_USAGE_SAVE: k3_model_usage_save writes the file */
     int verbose;            /* per-layer load progress on stderr */
+    int mmap;               /* K3_MMAP: map the prepared U8 / F32 matrices of a repacked
+                               container read-only instead of copying them; a matrix that
+                               would need conversion is refused (docs/MODEL.md 2.3) */
 } k3_model_opts;
 
 /* Fills opts with the defaults of docs/INTERFACES.md 3 (bits 4/8/8, idot 1,

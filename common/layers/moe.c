@@ -8,7 +8,7 @@
  * the experts already cached first, then the misses, each part in disk
  * order (k3_experts_disk_order), so the cached ones compute while the
  * misses are read into the slots they free. Each output row is kept per
- * (position, selection) and a position sums its experts in disk order at
+ * (position, selection) and a position sums its experts in id order at
  * the end, whatever order they ran in and whatever the chunk: that is what
  * makes chunked prefill bit-identical to token-at-a-time, and the result
  * independent of the cache. Cost: [T][topk][latent] floats of scratch.
@@ -132,8 +132,7 @@ size_t k3_moe_scratch_bytes(const k3_config *c, int T) {
            + k3_arena_round(sizeof(int) * t) + k3_arena_round(sizeof(float) * t)  /* gather */
            + 2 * k3_arena_round(sizeof(float) * t * Lt)                           /* zg, y */
            + k3_arena_round(t * Lt) + k3_arena_round(sizeof(float) * t * Lt / 32) /* zqg zsg */
-           + expert_scratch_bytes(c, T) +
-           2 * k3_arena_round(sizeof(int32_t) * E)      /* run order, disk ranks */
+           + expert_scratch_bytes(c, T) + k3_arena_round(sizeof(int32_t) * E)     /* run order */
            + k3_arena_round(E)                          /* cached snapshot */
            + k3_arena_round(sizeof(int) * t)            /* gathered selection index */
            + k3_arena_round(sizeof(float) * t * K * Lt) /* expert outputs per selection */
@@ -168,19 +167,17 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     /* Compute order: the experts already cached first, then the rest, each
      * part in disk order. While the cached ones compute, their slots free
      * up and the misses are read into them, instead of the first misses
-     * holding up the start. The sums are still taken in disk order (below),
+     * holding up the start. The sums are taken in id order (below),
      * so the order is free to follow the cache. The cache is looked at
      * once per expert: another session on this layer may change it between
      * the two passes, and each expert must land in exactly one of them. */
-    int32_t *run = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);  /* [n_union] */
-    int32_t *rank = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E); /* [E] disk position */
+    int32_t *run = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E); /* [n_union] */
     uint8_t *hot = k3_arena_alloc(ar, (size_t)E); /* [n_union] cached at the look */
     for (int i = 0; i < n_union; i++) hot[i] = k3_experts_cached(lc->experts, layer, order[i]) != 0;
     int n_run = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n_union; i++)
             if (hot[i] == (pass == 0)) run[n_run++] = order[i];
-    for (int i = 0; i < n_union; i++) rank[order[i]] = i;
 
     /* The routed experts' reads start now (the batch admits its first
      * window and queues the misses to the loader threads), so the latent
@@ -256,15 +253,16 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     k3_experts_batch_close(&batch);
     if (st != K3_OK) return st;
 
-    /* U[t] += w_e y_e over t's experts in disk order, whatever order they
-     * ran in: the same sums as a walk of the union in disk order, so the
-     * bits depend neither on the cache nor on the chunk */
+    /* U[t] += w_e y_e over t's experts in expert id order, whatever order
+     * they ran in, so the bits depend neither on the cache nor on the chunk,
+     * nor on where the bytes lie (a repacked container or a placement over
+     * several drives reorders the files, not the sums) */
     for (int t = 0; t < T; t++) {
         int ks[K3_MAX_TOPK];
         int m = n_sel[t];
-        for (int k = 0; k < m; k++) { /* insertion sort by disk rank (m <= topk) */
+        for (int k = 0; k < m; k++) { /* insertion sort by expert id (m <= topk) */
             int j = k;
-            while (j > 0 && rank[sel[(size_t)t * K + ks[j - 1]]] > rank[sel[(size_t)t * K + k]]) {
+            while (j > 0 && sel[(size_t)t * K + ks[j - 1]] > sel[(size_t)t * K + k]) {
                 ks[j] = ks[j - 1];
                 j--;
             }

@@ -1,0 +1,174 @@
+/* coordinator/cmd_repack.c: `k3-coordinator repack` (cmd_repack.h). */
+#include "coordinator/cmd_repack.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/base/limits.h"
+#include "common/base/opts.h"
+#include "common/ckpt/container.h"
+
+typedef struct repack_cli {
+    int bits, mla_bits, head_bits;
+    k3_opt_list shards;
+    int verify_full;
+    char *placement;
+    int quiet;
+    int help;
+} repack_cli;
+
+#define O(f) offsetof(repack_cli, f)
+static const k3_opt repack_table[] = {
+    {.name = "bits",
+     .flag = "--bits",
+     .type = K3_OPT_INT,
+     .offset = O(bits),
+     .def = "8",
+     .n_choices = 2,
+     .choices = {4, 8},
+     .metavar = "N",
+     .help = "KDA q/k/v/g/o, latent, shared experts, dense MLP: int8 per-row or int4-g64"},
+    {.name = "mla-bits",
+     .flag = "--mla-bits",
+     .type = K3_OPT_INT,
+     .offset = O(mla_bits),
+     .def = "0",
+     .n_choices = 4,
+     .choices = {0, 4, 8, 32},
+     .metavar = "N",
+     .help = "MLA projections, o and g included (0 = max(bits, 8); 32 = keep BF16)"},
+    {.name = "head-bits",
+     .flag = "--head-bits",
+     .type = K3_OPT_INT,
+     .offset = O(head_bits),
+     .def = "0",
+     .n_choices = 4,
+     .choices = {0, 4, 8, 32},
+     .metavar = "N",
+     .help = "lm_head (0 = max(bits, 8); 32 = keep BF16)"},
+    {.name = "shards",
+     .flag = "--shards",
+     .type = K3_OPT_LIST,
+     .offset = O(shards),
+     .max = K3_ST_MAX_SHARDS,
+     .metavar = "1,2,94",
+     .help = "convert only these source shards (by number); the index covers all done"},
+    {.name = "verify-full",
+     .flag = "--verify-full",
+     .type = K3_OPT_BOOL,
+     .offset = O(verify_full),
+     .def = "0",
+     .help = "re-read every expert byte of source and container and compare"},
+    {.name = "placement",
+     .flag = "--placement",
+     .type = K3_OPT_STRING,
+     .offset = O(placement),
+     .metavar = "PLAN.json",
+     .help = "write the experts into a placement's drive directories (not available yet)"},
+    {.name = "quiet",
+     .flag = "--quiet",
+     .type = K3_OPT_BOOL,
+     .offset = O(quiet),
+     .def = "0",
+     .help = "no progress output"},
+    {.name = "help", .flag = "--help", .type = K3_OPT_BOOL, .offset = O(help), .help = "this text"},
+};
+#undef O
+#define N_REPACK_OPTS ((int)(sizeof repack_table / sizeof repack_table[0]))
+
+static const char usage_text[] =
+    "usage: k3-coordinator repack SRC DST [options]\n"
+    "\n"
+    "Converts a Hugging Face Kimi K3 snapshot (SRC) into a repacked container (DST):\n"
+    "routed experts copied byte-identical in id order (one read per expert), the\n"
+    "dense matrices quantized exactly as the engine would at load (U8 + <name>.qs\n"
+    "F32 scales), the vision tower dropped. One streaming read of SRC. Each shard\n"
+    "is written to <name>.tmp and renamed, so an interrupted run resumes where it\n"
+    "stopped; the index is rebuilt from every completed shard on every run.";
+
+int cmd_repack(int argc, char **argv) {
+    repack_cli c;
+    memset(&c, 0, sizeof c);
+    char err[1024];
+    char **pos = calloc((size_t)argc + 1, sizeof *pos);
+    int npos = 0, rc = 0;
+    int *nums = NULL;
+    k3_status st = k3_opts_parse(repack_table, N_REPACK_OPTS, &c, NULL, argc, argv, pos, &npos, err,
+                                 sizeof err);
+    if (!st && c.help) {
+        k3_opts_help(stdout, usage_text, repack_table, N_REPACK_OPTS);
+        goto out;
+    }
+    if (st) {
+        fprintf(stderr, "repack: %s (k3-coordinator repack --help)\n", err);
+        rc = 2;
+        goto out;
+    }
+    if (npos != 2) {
+        fprintf(stderr,
+                "repack: expected SRC and DST, got %d argument%s (k3-coordinator repack "
+                "--help)\n",
+                npos, npos == 1 ? "" : "s");
+        rc = 2;
+        goto out;
+    }
+    if (c.placement) {
+        fprintf(stderr,
+                "repack: --placement %s: writing experts straight into a placement needs the "
+                "placement module (common/experts/placement.h), not in this build; repack to "
+                "one directory, then place it with `k3-coordinator place`\n",
+                c.placement);
+        rc = 2;
+        goto out;
+    }
+    nums = calloc((size_t)c.shards.n + 1, sizeof *nums);
+    for (int i = 0; i < c.shards.n; i++) {
+        char *end;
+        long v = strtol(c.shards.items[i], &end, 10);
+        if (end == c.shards.items[i] || *end || v < 1 || v > K3_ST_MAX_SHARDS) {
+            fprintf(stderr, "repack: --shards: \"%s\" is not a shard number in 1..%d\n",
+                    c.shards.items[i], K3_ST_MAX_SHARDS);
+            rc = 2;
+            goto out;
+        }
+        nums[i] = (int)v;
+    }
+    k3_repack_opts ro = {.src = pos[0],
+                         .dst = pos[1],
+                         .bits = c.bits,
+                         .mla_bits = c.mla_bits ? c.mla_bits : (c.bits > 8 ? c.bits : 8),
+                         .head_bits = c.head_bits ? c.head_bits : (c.bits > 8 ? c.bits : 8),
+                         .shards = c.shards.n ? nums : NULL,
+                         .n_shards = c.shards.n,
+                         .verify_full = c.verify_full,
+                         .progress = c.quiet     ? 0
+                                     : isatty(2) ? 2
+                                                 : 1};
+    fprintf(stderr, "repack: %s -> %s, bits %d, mla-bits %d, head-bits %d%s\n", ro.src, ro.dst,
+            ro.bits, ro.mla_bits, ro.head_bits, ro.verify_full ? ", verify-full" : "");
+    k3_repack_stats s;
+    st = k3_repack(&ro, &s, err, sizeof err);
+    if (st) {
+        fprintf(stderr, "repack: %s\n", err);
+        rc = 1;
+        goto out;
+    }
+    fprintf(stderr,
+            "repack: done in %.1f s: %d shard%s written, %d already complete, %d missing; %d "
+            "matrices quantized, %d vision tensors dropped; read %.3f GB, wrote %.3f GB; index: "
+            "%d shards, %.3f GB\n",
+            s.seconds, s.shards_written, s.shards_written == 1 ? "" : "s", s.shards_skipped,
+            s.shards_missing, s.tensors_quantized, s.tensors_dropped, (double)s.bytes_read / 1e9,
+            (double)s.bytes_written / 1e9, s.index_shards, (double)s.index_total / 1e9);
+    if (ro.verify_full)
+        fprintf(stderr, "repack: verify-full: %llu expert tensors identical to the source\n",
+                (unsigned long long)s.experts_verified);
+out:
+    free(nums);
+    free(pos);
+    k3_opts_free(repack_table, N_REPACK_OPTS, &c);
+    return rc;
+}

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# tests/integration/test_workstation.sh: deploy/k3-workstation on the tiny
+# checkpoint with 3 loop-device drives (tests/workstation_lib.sh):
+# setup (doctor, plan, repack onto the drives) then `start chat` gives the
+# logits of `--local 0` on the source at the same bits; `start serve`
+# answers /v1/completions with the CLI's text; `status` lists the workers;
+# `stop` leaves no process of ours; and the failure paths say what to do:
+# a missing drive, a full drive, a worker that cannot start.
+set -u
+. "$(dirname "$0")/../lib.sh"
+need_bins "$C" "$W"
+make_tmp workstation_ws
+. "$(dirname "$0")/../workstation_lib.sh"
+ws_init "k3-workstation on loop drives"
+KW=$(cd "$(dirname "$0")/../../deploy" && pwd)/k3-workstation
+export K3_WS_STATE=$T/state K3_BIN=$(cd "$BUILD" && pwd) K3_USAGE=off
+trap '"$KW" stop >/dev/null 2>&1; ws_cleanup' EXIT
+drives=""
+for i in 1 2 3; do
+    ws_drive "d$i" 96
+    drives+="${drives:+,}$WS_DIR"
+done
+
+# setup
+if "$KW" setup "$TINY" --drives "$drives" --seconds 0.2 >"$T/setup.out" 2>&1; then
+    ok "setup on 3 drives: $(grep -c 'repack: done' "$T/setup.out") repack runs, layout:$(sed -n 's/.*drive \([0-9]\) .*: layers \([0-9]*-[0-9]*\).*/ drive \1 layers \2/p' "$T/setup.out" | tr -d '\n')"
+else
+    bad "setup failed: $(tail -3 "$T/setup.out")"
+    exit 1
+fi
+n_on=0
+for d in ${drives//,/ }; do n_on=$((n_on + $(ls "$d/k3-model" | grep -c 'safetensors$'))); done
+[ "$n_on" = 8 ] && ok "the 8 layer shards are on the drives" || bad "$n_on layer shards on the drives, expected 8"
+"$KW" setup "$TINY" --drives "$drives" --seconds 0.2 >"$T/setup2.out" 2>&1 &&
+    [ "$(grep -c ': 0 shards written' "$T/setup2.out")" = 3 ] &&
+    ! grep -q 'repack: done.*: [1-9][0-9]* shards\? written' "$T/setup2.out" &&
+    ok "setup again: resumes with nothing to write" || bad "second setup: $(tail -2 "$T/setup2.out")"
+
+# chat: the logits of --local 0 on the source at the same bits
+IDS=5,7,9,11,13,17
+"$C" --model "$TINY" --bits 8 --local 0 --ids $IDS --ngen 3 --all-logits "$T/ref.bin" >/dev/null 2>&1
+if "$KW" start chat --ids $IDS --ngen 3 --all-logits "$T/ws.bin" >"$T/chat.out" 2>&1 &&
+    cmp -s "$T/ref.bin" "$T/ws.bin"; then
+    ok "start chat on 3 drive workers: logits bit-identical to --local 0 on the source (--bits 8)"
+else
+    bad "start chat: logits differ or it failed: $(tail -2 "$T/chat.out")"
+fi
+
+# serve
+P=$(port)
+PROMPT="The quick brown fox"
+cli=$("$C" --model "$TINY" --bits 8 --local 0 --ngen 6 "$PROMPT" 2>/dev/null)
+if "$KW" start serve --port "$P" >"$T/serve.out" 2>&1; then
+    got=$(curl -s -m 30 -H 'Content-Type: application/json' \
+        -d "{\"prompt\":\"$PROMPT\",\"max_tokens\":6,\"temperature\":0}" \
+        "http://127.0.0.1:$P/v1/completions" |
+        /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"], end="")')
+    [ -n "$got" ] && [ "$got" = "$cli" ] && ok "start serve answers with the CLI's text: \"$got\"" ||
+        bad "serve text \"$got\" vs the CLI's \"$cli\""
+else
+    bad "start serve failed: $(tail -3 "$T/serve.out")"
+fi
+"$KW" status >"$T/status.out" 2>&1
+[ "$(grep -c '^worker [0-9]: running' "$T/status.out")" = 3 ] && grep -q '^server: running' "$T/status.out" &&
+    ok "status lists 3 running workers and the server" || bad "status: $(cat "$T/status.out" | head -5)"
+pids=$(cat "$K3_WS_STATE"/run/*.pid 2>/dev/null)
+"$KW" stop >"$T/stop.out" 2>&1
+left=""
+for p in $pids; do kill -0 "$p" 2>/dev/null && left+=" $p"; done
+[ -z "$left" ] && [ -n "$pids" ] && ok "stop leaves no process ($(echo $pids | wc -w) stopped)" ||
+    bad "stop left:$left"
+
+# failure paths
+if "$KW" setup "$TINY" --drives "$drives,$T/nope" >"$T/f1.out" 2>&1; then
+    bad "setup with a missing drive succeeded"
+else
+    grep -q 'fix:' "$T/f1.out" && ok "a missing drive: $(grep -m1 'fix:' "$T/f1.out" | sed 's/.*fix: //' | cut -c1-90)" ||
+        bad "a missing drive: no fix given: $(tail -1 "$T/f1.out")"
+fi
+ws_drive full 8
+dd if=/dev/zero of="$WS_DIR/fill" bs=1M status=none 2>/dev/null
+if K3_WS_STATE=$T/state2 "$KW" setup "$TINY" --drives "$drives,$WS_DIR" --seconds 0.2 >"$T/f2.out" 2>&1; then
+    bad "setup with a full drive succeeded"
+else
+    grep -q 'free' "$T/f2.out" && grep -q 'fix:' "$T/f2.out" &&
+        ok "a full drive: $(grep -m1 'FAIL' "$T/f2.out" | cut -c18- | cut -c1-100)" ||
+        bad "a full drive: $(tail -2 "$T/f2.out")"
+fi
+d2=${drives#*,}
+d2=${d2%%,*}
+mv "$d2/k3-model" "$d2/k3-model.away"
+mkdir "$d2/k3-model"
+if "$KW" start chat --ids 5 --ngen 1 >"$T/f3.out" 2>&1; then
+    bad "start with a worker's shards gone succeeded"
+else
+    grep -q 'could not start' "$T/f3.out" && grep -q 'fix:' "$T/f3.out" &&
+        ok "a worker that cannot start: $(grep -m1 'could not start' "$T/f3.out" | cut -c1-80); fix: $(grep -m1 'fix:' "$T/f3.out" | sed 's/.*fix: //' | cut -c1-60)" ||
+        bad "a worker that cannot start: $(tail -3 "$T/f3.out")"
+fi
+left=""
+for f in "$K3_WS_STATE"/run/*.pid; do [ -e "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && left+=" $(cat "$f")"; done
+[ -z "$left" ] && ok "after the failed start no worker is left" || bad "left running:$left"
+rmdir "$d2/k3-model"
+mv "$d2/k3-model.away" "$d2/k3-model"
+exit $fail
