@@ -166,6 +166,12 @@ k3_status k3_experts_usage_save(k3_experts *s, const char *path, char *err, size
  * unpinned. Not counted as usage nor in k3_experts_totals. *n_read (may be
  * NULL) counts them. */
 k3_status k3_experts_warm(k3_experts *s, int *n_read, char *err, size_t errlen);
+/* Adds the counts of the history file at path into rows
+ * [(n_layers_full + 1) * n_experts] (a missing file adds nothing); the
+ * checks of k3_experts_usage_load. For readers without a store
+ * (common/experts/placement.h's callers). */
+k3_status k3_experts_usage_read(const char *path, int n_layers_full, int n_experts, uint64_t *rows,
+                                char *err, size_t errlen);
 /* Count recorded for (layer, expert) (tests, reports). */
 uint64_t k3_experts_usage_count(k3_experts *s, int layer, int expert);
 
