@@ -62,6 +62,8 @@ typedef struct k3_model_opts {
                                then the cache is warmed from it */
     int usage_save;         /* K3_USAGE_SAVE: k3_model_usage_save writes the file */
     int verbose;            /* per-layer load progress on stderr */
+    const char *placement;  /* K3_PLACEMENT: expert placement file (expert striping,
+                               common/experts/placement.h), NULL = experts from the shards */
 } k3_model_opts;
 
 /* Fills opts with the defaults of docs/INTERFACES.md 3 (bits 4/8/8, idot 1,
