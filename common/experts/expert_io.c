@@ -138,6 +138,11 @@ static void *loader_main(void *arg) {
         double t0 = k3_now_ms();
         k3_status st = exp_read_expert(s, it->b->layer, it->id, &L->loc[it->id], slot, it->err,
                                        sizeof it->err);
+        if (st == K3_OK) {
+            pthread_mutex_lock(&s->stats_mu);
+            s->drive_bytes[q - s->queues] += s->geom.total;
+            pthread_mutex_unlock(&s->stats_mu);
+        }
         exp_read_done(it, st, t0, k3_now_ms());
     }
 }

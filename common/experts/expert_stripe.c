@@ -128,3 +128,11 @@ void k3_experts_interleave(const k3_experts *s, int layer, int32_t *ids, int n) 
     memcpy(ids, tmp, (size_t)n * sizeof *tmp);
     free(tmp);
 }
+
+uint64_t k3_experts_drive_bytes(k3_experts *s, int d) {
+    if (d < 0 || d >= K3_MAX_DIRS) return 0;
+    pthread_mutex_lock(&s->stats_mu);
+    uint64_t b = s->drive_bytes[d];
+    pthread_mutex_unlock(&s->stats_mu);
+    return b;
+}

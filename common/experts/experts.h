@@ -112,6 +112,8 @@ int k3_experts_drives(const k3_experts *s);
  * order): a window of reads then keeps every drive busy. No-op with one
  * drive. */
 void k3_experts_interleave(const k3_experts *s, int layer, int32_t *ids, int n);
+/* Bytes read from drive d since open (quiet warm-start reads included). */
+uint64_t k3_experts_drive_bytes(k3_experts *s, int d);
 
 /* 1 when expert e of layer is in a slot or being read into one (a snapshot:
  * an ordering hint, it may change right after). */

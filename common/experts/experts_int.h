@@ -131,7 +131,8 @@ struct k3_experts {
     int n_queues;
     /* expert striping (expert_stripe.c): borrowed placement, NULL = none */
     const struct k3_placement *placement;
-    exp_drive drives[K3_MAX_DIRS]; /* [placement drives] */
+    exp_drive drives[K3_MAX_DIRS];     /* [placement drives] */
+    uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes read per queue (stats_mu) */
 };
 
 /* expert_io.c */
