@@ -6,10 +6,13 @@
 #    stale .tmp and a lost record are redone; --weights 3,1 puts 3x the
 #    experts on the first drive; a plan file's shares are read;
 #  - logits and ids bit-identical to --local 0 (unstriped) for --local 0..4
-#    with --placement, chunk 1 and 32; --local 2 --stripe --dirs (hard links);
-#    two tcp workers with --placement; test_cluster's identity checks (ipc
-#    and tcp, 1, 2, 3, 8 stages, chunk 1 and 32, 3 concurrent sessions) with
-#    every worker striped (K3_PLACEMENT);
+#    with --placement (chunk 32; chunk 1 on 0 and 4); --local 2 --stripe
+#    --dirs (hard links); two tcp workers with --placement; test_cluster's
+#    identity checks (ipc and tcp, 1, 2, 3, 8 stages, chunk 1 and 32, 3
+#    concurrent sessions) and liveness checks (kill -9 mid-decode within
+#    2 x TTL, resume token-identical; SIGSTOP; a stuck step) with every
+#    worker striped (K3_PLACEMENT); two striped workers in another network
+#    namespace over CURVE (root);
 #  - refusals at start, naming the thing: another model's placement, a
 #    missing drive file, an expert claimed by two drives, --stripe without
 #    --dirs.
@@ -103,8 +106,12 @@ grep -q '00000000deadbeef' "$T/placep2.err" && ok "a plan of another model is re
 
 # ---- bit identity -------------------------------------------------------------
 run ref --local 0 --chunk 32 || bad "--local 0: $(tail -1 "$T/ref.err")"
-for chunk in 1 32; do
-    for L in 0 1 2 3 4; do
+# chunk 32 on every split; chunk 1 in process and on 4 workers (test_cluster
+# below covers chunk 1 on 1, 2, 3 and 8 stages)
+for chunk in 32 1; do
+    Ls="0 1 2 3 4"
+    [ $chunk = 1 ] && Ls="0 4"
+    for L in $Ls; do
         if run s$L --local $L --chunk $chunk --placement "$T/p4.json" && same s$L ref; then
             ok "--local $L --chunk $chunk striped over 4 drives: logits and ids identical to --local 0"
         else
@@ -142,9 +149,67 @@ if [ -x "$BUILD/tests/test_cluster" ]; then
     else
         bad "test_cluster identity striped: $n_ok identical, $n_striped striped workers, $(grep '^not ok' "$T/tc.out" | head -2)"
     fi
+    # liveness with striped workers: kill -9 mid-decode, SIGSTOP, a stuck step
+    K3_PLACEMENT="$T/p4.json" K3_TEST_CLUSTER_ONLY=liveness K3_LOG=info \
+        "$BUILD/tests/test_cluster" >"$T/lv.out" 2>"$T/lv.err"
+    n_striped=$(grep -c 'striped over 4 drives' "$T/lv.err")
+    if ! grep -q '^not ok' "$T/lv.out" && grep -q '^ok - T1 kill -9: error after' "$T/lv.out" &&
+        grep -q '^ok - T1 resume: killed at token 10' "$T/lv.out" && [ "$n_striped" -ge 2 ]; then
+        ok "striped workers, kill -9 mid-decode: $(grep -o 'error after [0-9]* ms (<= 2 x TTL = [0-9]*)' "$T/lv.out"); the resumed generation equals the uninterrupted one"
+    else
+        bad "liveness with striped workers: $n_striped striped, $(grep '^not ok' "$T/lv.out" | head -2)"
+    fi
 else
     bad "$BUILD/tests/test_cluster not built"
 fi
+
+# ---- CURVE across two network namespaces, striped workers -------------------
+curve() {
+    local NA=stripeA$$ NB=stripeB$$ VA=stripeva$$ VB=stripevb$$ ep
+    if [ "$(id -u)" != 0 ] || ! ip netns add "$NA" 2>/dev/null; then
+        skip "striped workers over CURVE across namespaces" "needs root and ip netns"
+        return
+    fi
+    ip netns add "$NB" && ip link add "$VA" type veth peer name "$VB" &&
+        ip link set "$VA" netns "$NA" && ip link set "$VB" netns "$NB" &&
+        ip -n "$NA" addr add 10.79.0.1/24 dev "$VA" && ip -n "$NB" addr add 10.79.0.2/24 dev "$VB" &&
+        ip -n "$NA" link set "$VA" up && ip -n "$NB" link set "$VB" up &&
+        ip -n "$NA" link set lo up && ip -n "$NB" link set lo up
+    if [ $? -ne 0 ]; then
+        skip "striped workers over CURVE across namespaces" "cannot join namespaces with a veth pair"
+    else
+        for k in coord w0 w1; do "$C" keygen "$T/$k" >/dev/null 2>&1; done
+        cp "$T/coord.pub" "$T/allow"
+        : >"$T/wkeys"
+        for i in 0 1; do
+            echo "tcp://10.79.0.2:555$i $(sed -n 's/^public = //p' "$T/w$i.pub")" >>"$T/wkeys"
+        done
+        local cw cc
+        cw=$(readlink -f "$W") cc=$(readlink -f "$C")
+        for r in "0 0 4" "1 4 8"; do
+            set -- $r
+            ip netns exec "$NB" "$cw" --model "$(readlink -f "$TINY")" --layers "$2-$3" \
+                --listen "tcp://10.79.0.2:555$1" --curve-secret "$T/w$1.key" --allow "$T/allow" \
+                --placement "$T/p4.json" --usage off --threads 1 --no-bench --name "cw$1" \
+                2>>"$T/cw.log" &
+            PIDS+=($!)
+        done
+        timeout 60 ip netns exec "$NA" "$cc" --model "$(readlink -f "$TINY")" --ids "$IDS" --ngen 5 \
+            --print-ids --threads 1 --usage off --all-logits "$T/curve.f32" --chunk 32 \
+            --workers tcp://10.79.0.2:5550,tcp://10.79.0.2:5551 --curve-secret "$T/coord.key" \
+            --worker-keys "$T/wkeys" >"$T/curve.out" 2>"$T/curve.err"
+        grep '^ids:' "$T/curve.out" >"$T/curve.ids"
+        if same curve ref; then
+            ok "2 striped workers in another namespace over CURVE: identical to --local 0"
+        else
+            bad "striped over CURVE: $(tail -2 "$T/curve.err")"
+        fi
+    fi
+    ip netns del "$NA" 2>/dev/null
+    ip netns del "$NB" 2>/dev/null
+    ip link del "$VA" 2>/dev/null
+}
+curve
 
 # ---- refusals ------------------------------------------------------------------
 sed 's/"model_fingerprint":"[0-9a-f]*"/"model_fingerprint":"00000000deadbeef"/' "$T/p4.json" >"$T/other.json"
