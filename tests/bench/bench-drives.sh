@@ -200,6 +200,22 @@ echo "bench-drives: $SLICE ($((total / 1000000)) MB of layer shards), $(nproc) c
      "prompt $PROMPT, chunk $CHUNK / pipe-chunk $PIPE_CHUNK, worker threads $WORKER_THREADS"
 t_all=$(date +%s)
 
+# Waits until workers 0..N-1 listen (a worker binds once it has loaded).
+wait_loaded() {
+    local N=$1 i t0; t0=$(date +%s)
+    for i in $(seq 0 $((N - 1))); do
+        until [ -S "$T/w$i.sock" ]; do
+            if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+                echo "bench-drives: worker $i exited while loading:"; tail -5 "$T/w$i.log"; return 1
+            fi
+            if [ $(($(date +%s) - t0)) -gt "$LOAD_TIMEOUT" ]; then
+                echo "bench-drives: worker $i not listening after $LOAD_TIMEOUT s"; return 1
+            fi
+            sleep 0.5
+        done
+    done
+}
+
 # ---- one configuration ------------------------------------------------------
 run_n() {
     local N=$1 M=${2:-0} i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
@@ -242,17 +258,7 @@ run_n() {
     done <<<"$plan"
     echo "  drives made and filled in $(($(date +%s) - t_setup)) s"
     local t0; t0=$(date +%s)
-    for i in $(seq 0 $((N - 1))); do  # a worker binds once it has loaded
-        until [ -S "$T/w$i.sock" ]; do
-            if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
-                echo "bench-drives: worker $i exited while loading:"; tail -5 "$T/w$i.log"; return 1
-            fi
-            if [ $(($(date +%s) - t0)) -gt "$LOAD_TIMEOUT" ]; then
-                echo "bench-drives: worker $i not listening after $LOAD_TIMEOUT s"; return 1
-            fi
-            sleep 0.5
-        done
-    done
+    wait_loaded "$N" || return 1
     echo "  workers loaded in $(($(date +%s) - t0)) s (unthrottled); throttle on:"
     for i in $(seq 0 $((N - 1))); do
         loop=${LOOPS[$i]}
@@ -343,17 +349,7 @@ run_striped() {
     done <<<"$plan"
     echo "  drives made and filled in $(($(date +%s) - t_setup)) s"
     local t0; t0=$(date +%s)
-    for i in $(seq 0 $((N - 1))); do
-        until [ -S "$T/w$i.sock" ]; do
-            if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
-                echo "bench-drives: worker $i exited while loading:"; tail -5 "$T/w$i.log"; return 1
-            fi
-            if [ $(($(date +%s) - t0)) -gt "$LOAD_TIMEOUT" ]; then
-                echo "bench-drives: worker $i not listening after $LOAD_TIMEOUT s"; return 1
-            fi
-            sleep 0.5
-        done
-    done
+    wait_loaded "$N" || return 1
     echo "  workers loaded in $(($(date +%s) - t0)) s (unthrottled); throttle on (one group, every device):"
     for i in $(seq 0 $((N - 1))); do
         majmin=$(lsblk -dno MAJ:MIN "${LOOPS[$i]}" | tr -d ' ')
