@@ -216,16 +216,23 @@ wait_loaded() {
     done
 }
 
+# The layer split and budgets (plan) and the compute threads per worker
+# (wthreads) for N workers, set in the caller's locals of those names.
+plan_for() {
+    plan=$($PY -c "$PLAN_PY" "$SLICE" "$1" "$SLOTS" "$CACHE_PER") || return 1
+    wthreads=$(nproc)
+    if [ "$WORKER_THREADS" = split ]; then
+        wthreads=$(($(nproc) / $1))
+        [ "$wthreads" -ge 1 ] || wthreads=1
+    fi
+}
+
 # ---- one configuration ------------------------------------------------------
 run_n() {
     local N=$1 M=${2:-0} i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
     [ "$M" = 1 ] && { run_striped "$N"; return; }
-    plan=$($PY -c "$PLAN_PY" "$SLICE" "$N" "$SLOTS" "$CACHE_PER") || return 1
-    local wthreads=$(nproc)
-    if [ "$WORKER_THREADS" = split ]; then
-        wthreads=$(($(nproc) / N))
-        [ "$wthreads" -ge 1 ] || wthreads=1
-    fi
+    local wthreads
+    plan_for "$N" || return 1
     echo
     echo "=== $N worker(s), $N drive(s), STRIPE=0 (each worker's layers on its drive) ==="
     local t_setup; t_setup=$(date +%s)
@@ -307,12 +314,8 @@ drive() {
 # throttling each device to DRIVE_MBPS.
 run_striped() {
     local N=$1 i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" dlist=""
-    plan=$($PY -c "$PLAN_PY" "$SLICE" "$N" "$SLOTS" "$CACHE_PER") || return 1
-    local wthreads=$(nproc)
-    if [ "$WORKER_THREADS" = split ]; then
-        wthreads=$(($(nproc) / N))
-        [ "$wthreads" -ge 1 ] || wthreads=1
-    fi
+    local wthreads
+    plan_for "$N" || return 1
     echo
     echo "=== $N worker(s), $N drive(s), STRIPE=1 (every MoE layer's experts striped over all drives) ==="
     local t_setup; t_setup=$(date +%s)
