@@ -389,6 +389,14 @@ void k3_engine_print_stats(k3_engine *e, const k3_engine_result *res, FILE *f) {
                 "flight, %.1f ms waited by compute), %llu hits, %llu misses\n",
                 (double)et.bytes / 1e9, et.io_ms > 0 ? (double)et.bytes / 1e6 / et.io_ms : 0.0,
                 et.io_ms, et.read_ms, (unsigned long long)et.hits, (unsigned long long)et.misses);
+        int nd = k3_experts_drives(xs);
+        for (int d = 0; nd > 1 && d < nd; d++) { /* striped: each drive's part */
+            double mb = (double)k3_experts_drive_bytes(xs, d) / 1e6;
+            fprintf(f,
+                    "stats: expert drive %d: %.1f MB read, %.1f MB/s over the time with reads "
+                    "in flight\n",
+                    d, mb, et.io_ms > 0 ? mb * 1e3 / et.io_ms : 0.0);
+        }
     }
     fprintf(f, "stats: dense weights %.1f MiB, session state %.1f MiB, peak RSS %.1f MiB\n",
             (double)k3_model_resident_bytes(e->model) / (1024.0 * 1024.0),

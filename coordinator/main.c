@@ -7,6 +7,7 @@
  *                  [--print-ids] [--all-logits FILE] [--trace FILE]
  *                  [--threads N] [--dirs a,b] [--stats]
  *   k3-coordinator tokenize ...            (coordinator/cmd_tokenize.c)
+ *   k3-coordinator place ...               (coordinator/cmd_place.c)
  *   k3-coordinator serve ...               (coordinator/serve.c, docs/SERVING.md)
  *   k3-coordinator chat ...                (coordinator/cmd_chat.c, docs/CHAT.md)
  *   k3-coordinator web ...                 (coordinator/cmd_web.c, docs/WEB.md)
@@ -35,6 +36,7 @@
 #include "coordinator/cmd_doctor.h"
 #include "coordinator/cmd_plan.h"
 #include "coordinator/cmd_repack.h"
+#include "coordinator/cmd_place.h"
 #include "coordinator/cmd_tokenize.h"
 #include "common/ckpt/config.h"
 #include "common/engine/engine_opts.h"
@@ -81,6 +83,7 @@ typedef struct coord_opts {
     k3_cluster_cli cl; /* K3_CLUSTER_OPT_ROWS: --local, --workers, liveness, keys */
     int pipe_chunk;    /* tokens per pipelined micro-chunk, 0 = auto */
     int max_sessions;  /* session states each local worker holds */
+    int stripe;        /* stripe the experts over --dirs (coordinator/cmd_place.h) */
     int help;
 } coord_opts;
 
@@ -248,6 +251,11 @@ static const k3_opt coord_table[] = {
      .max = K3_MAX_SESSIONS,
      .metavar = "N",
      .help = "session states each local worker holds, 0 = the worker's default"},
+    {.name = "stripe",
+     .flag = "--stripe",
+     .type = K3_OPT_BOOL,
+     .offset = O(stripe),
+     .help = "stripe the experts over --dirs (D/k3-stripe/) so every process reads all drives"},
     {.name = "help",
      .flag = "--help",
      .short_flag = 'h',
@@ -263,6 +271,7 @@ static const char *usage_text =
     "                      --chat \"text\" [--system S]]\n"
     "       k3-coordinator tokenize [options]    (k3-coordinator tokenize --help)\n"
     "       k3-coordinator keygen FILE    (CURVE key pair: FILE.key 0600, FILE.pub)\n"
+    "       k3-coordinator place --model DIR --drives D1,D2    (stripe experts over drives)\n"
     "       k3-coordinator serve --model DIR [options]    (OpenAI-compatible HTTP API, "
     "docs/SERVING.md)\n"
     "       k3-coordinator chat --model DIR [options]    (chat prompt in the terminal, "
@@ -602,6 +611,7 @@ static int parse_cli(int argc, char **argv, coord_opts *o, k3_opt_src *src, char
     /* --exact means all-f32; an explicit conflicting flag is a mistake */
     if (!st) st = k3_engine_opts_resolve(&o->eng, coord_table, N_COORD_OPTS, src, err, sizeof err);
     if (!st && o->ids) st = parse_ids(o->ids, ids, n_ids, err, sizeof err);
+    if (!st && o->stripe) st = k3_place_stripe_dirs(&o->eng, err, sizeof err);
     if (st) {
         fprintf(stderr, "k3-coordinator: %s\n", err);
         return 2;
@@ -668,6 +678,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "repack")) return cmd_repack(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "doctor")) return cmd_doctor(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "place")) return cmd_place(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";

@@ -34,6 +34,10 @@
 #define K3_MAX_DIRS        16           /* --dirs: drives per worker */
 #define K3_MAX_INDEX_BYTES (256u << 20) /* index.json; K3's is ~50 MB */
 
+/* ---- expert striping (common/experts/placement.h) ---- */
+#define K3_MAX_PLACEMENT_BYTES (64 << 20) /* placement JSON; K3's (93 x 896 ids) is ~0.4 MB */
+#define K3_MAX_PATH            4096       /* a file path (PATH_MAX) */
+
 /* ---- runtime ---- */
 #define K3_MAX_CHUNK 512 /* docs/MODEL.md 5.2: K3_CHUNK 1..512 */
 #define K3_MAX_CKPT                                                                                \

@@ -48,6 +48,7 @@ typedef struct k3_engine_opts {
     int isa;            /* kernel level: K3_ISA_AUTO or a k3_isa (k3_engine_opts_apply) */
     int log_level;      /* a k3_log_level (k3_engine_opts_apply) */
     int quiet;          /* --quiet: warnings and errors only (beats log_level) */
+    char *placement;    /* expert placement file (striping), NULL = none */
 } k3_engine_opts;
 
 /* Offset of engine field f inside the program's struct T, whose
@@ -156,6 +157,14 @@ typedef struct k3_engine_opts {
      .offset = K3_ENGINE_OFF(T, m, direct),                                                        \
      .def = "1",                                                                                   \
      .help = "O_DIRECT expert reads (0 = buffered)"},                                              \
+    {.name = "placement",                                                                          \
+     .flag = "--placement",                                                                        \
+     .env = "K3_PLACEMENT",                                                                        \
+     .type = K3_OPT_STRING,                                                                        \
+     .offset = K3_ENGINE_OFF(T, m, placement),                                                     \
+     .metavar = "FILE",                                                                            \
+     .help = "expert placement (k3-coordinator place): read each expert from the drive "           \
+             "that holds it, all drives at once"},                                                 \
     {.name = "usage",                                                                              \
      .flag = "--usage",                                                                            \
      .env = "K3_USAGE",                                                                            \

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "common/experts/experts.h"
+#include "common/experts/placement.h"
 #include "common/kernels/kernels.h"
 #include "common/layers/layers.h"
 #include "common/base/log.h"
@@ -36,14 +37,15 @@
 
 struct k3_model {
     k3_config cfg;
-    k3_model_opts opts;   /* copy; model_dir / dirs pointers not used after open */
-    st_index *idx;        /* owned */
-    char prefix[32];      /* "" or "language_model." */
-    int layer_a, layer_b; /* [a, b) */
-    k3_layer_w *layers;   /* [b - a], owned */
-    k3_experts *experts;  /* owned; NULL when the range has no MoE layer */
-    char *usage_path;     /* owned copy of opts.usage_path, NULL = no history */
-    k3_pool *pool;        /* owned; shared by every forward and head (pool.h turns) */
+    k3_model_opts opts;      /* copy; model_dir / dirs pointers not used after open */
+    st_index *idx;           /* owned */
+    char prefix[32];         /* "" or "language_model." */
+    int layer_a, layer_b;    /* [a, b) */
+    k3_layer_w *layers;      /* [b - a], owned */
+    k3_experts *experts;     /* owned; NULL when the range has no MoE layer */
+    k3_placement *placement; /* owned; NULL = experts read from the shards */
+    char *usage_path;        /* owned copy of opts.usage_path, NULL = no history */
+    k3_pool *pool;           /* owned; shared by every forward and head (pool.h turns) */
     /* global tensors (want_global) */
     int has_global;
     const st_tensor *embed; /* [vocab][D] BF16/F16/F32, rows read on demand */
@@ -835,16 +837,30 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
     if (st != K3_OK) goto fail;
     st = k3_pool_open(&m->pool, opts->threads, err, errlen);
     if (st != K3_OK) goto fail;
-    k3_experts_opts eo = {(size_t)(opts->expert_gb * (double)(1ull << 30)), opts->direct,
-                          opts->pipe, opts->load_threads, 0};
+    /* the fingerprint HELLO compares: the same for every layer range */
+    st = k3_model_fingerprint_dir(opts->model_dir, c, opts->topp, &m->fingerprint, err, errlen);
+    if (st != K3_OK) goto fail;
+
+    k3_experts_opts eo = {(size_t)(opts->expert_gb * (double)(1ull << 30)),
+                          opts->direct,
+                          opts->pipe,
+                          opts->load_threads,
+                          0,
+                          NULL};
+    if (opts->placement && m->layer_a < m->layer_b) {
+        st = k3_placement_load(&m->placement, opts->placement, err, errlen);
+        if (st == K3_OK)
+            st = k3_placement_check(m->placement, m->fingerprint, c->n_layers, c->n_experts,
+                                    c->is_moe, m->layer_a, m->layer_b, err, errlen);
+        if (st != K3_OK) goto fail;
+        eo.placement = m->placement;
+        K3_INFO("experts: striped over %d drives by placement %s",
+                k3_placement_drives(m->placement), opts->placement);
+    }
     if (m->layer_a < m->layer_b) {
         st = k3_experts_open(&m->experts, m->idx, c, m->layer_a, m->layer_b, &eo, err, errlen);
         if (st != K3_OK) goto fail;
     }
-
-    /* the fingerprint HELLO compares: the same for every layer range */
-    st = k3_model_fingerprint_dir(opts->model_dir, c, opts->topp, &m->fingerprint, err, errlen);
-    if (st != K3_OK) goto fail;
 
     loader *ld = k3_xcalloc(1, sizeof *ld);
     ld->m = m;
@@ -887,6 +903,7 @@ void k3_model_close(k3_model **mp) {
     free(m->w_out);
     qfree(&m->lm_head);
     k3_experts_close(&m->experts);
+    k3_placement_free(&m->placement);
     free(m->usage_path);
     k3_pool_close(&m->pool);
     for (int i = 0; i < m->n_maps; i++)

@@ -65,6 +65,8 @@ typedef struct k3_model_opts {
     int mmap;               /* K3_MMAP: map the prepared U8 / F32 matrices of a repacked
                                container read-only instead of copying them; a matrix that
                                would need conversion is refused (docs/MODEL.md 2.3) */
+    const char *placement;  /* K3_PLACEMENT: expert placement file (expert striping,
+                               common/experts/placement.h), NULL = experts from the shards */
 } k3_model_opts;
 
 /* Fills opts with the defaults of docs/INTERFACES.md 3 (bits 4/8/8, idot 1,

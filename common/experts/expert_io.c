@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/experts/experts_int.h"
+#include "common/experts/placement.h"
 #include "common/base/log.h"
 
 /* ---- the read of one expert ---- */
@@ -30,11 +31,20 @@
  * file's last full 4K block; what lies past that block (at most the file's
  * last partial block) is read through the buffered fd into its place. The
  * fd's own EINVAL fallback (st_pread) covers filesystems without O_DIRECT. */
-static k3_status read_span(k3_experts *s, int shard, uint64_t off, size_t len, unsigned char *buf,
-                           size_t *data_off, char *err, size_t errlen) {
-    if (!s->direct || st_shard_fd(s->idx, shard, 1) < 0) {
+/* A read of the shard itself (drive -1) or of a placement drive's copy of
+ * it (same offsets, same size). */
+static k3_status src_pread(k3_experts *s, int drive, int shard, uint64_t off, void *buf, size_t len,
+                           int direct, char *err, size_t errlen) {
+    if (drive < 0) return st_pread(s->idx, shard, off, buf, len, direct, err, errlen);
+    return exp_stripe_pread(s, drive, shard, off, buf, len, direct, err, errlen);
+}
+
+static k3_status read_span(k3_experts *s, int drive, int shard, uint64_t off, size_t len,
+                           unsigned char *buf, size_t *data_off, char *err, size_t errlen) {
+    int dfd = drive < 0 ? st_shard_fd(s->idx, shard, 1) : exp_stripe_fd(s, drive, shard, 1);
+    if (!s->direct || dfd < 0) {
         *data_off = 0;
-        return st_pread(s->idx, shard, off, buf, len, 0, err, errlen);
+        return src_pread(s, drive, shard, off, buf, len, 0, err, errlen);
     }
     const uint64_t A = EXP_ALIGN;
     uint64_t a = off & ~(A - 1);
@@ -43,7 +53,7 @@ static k3_status read_span(k3_experts *s, int shard, uint64_t off, size_t len, u
     uint64_t d_end = want_end < full_end ? want_end : full_end;
     *data_off = (size_t)(off - a);
     if (d_end > a) {
-        k3_status st = st_pread(s->idx, shard, a, buf, (size_t)(d_end - a), 1, err, errlen);
+        k3_status st = src_pread(s, drive, shard, a, buf, (size_t)(d_end - a), 1, err, errlen);
         if (st != K3_OK) return st;
     } else {
         d_end = a;
@@ -52,8 +62,8 @@ static k3_status read_span(k3_experts *s, int shard, uint64_t off, size_t len, u
         /* the tail in the file's last partial block (or the whole expert
          * when it starts there): buffered, straight into its place */
         uint64_t from = d_end > off ? d_end : off;
-        return st_pread(s->idx, shard, from, buf + (from - a), (size_t)(off + len - from), 0, err,
-                        errlen);
+        return src_pread(s, drive, shard, from, buf + (from - a), (size_t)(off + len - from), 0,
+                         err, errlen);
     }
     return K3_OK;
 }
@@ -70,18 +80,19 @@ k3_status exp_read_expert(k3_experts *s, int layer, int32_t e, const exp_loc *lo
     }
     k3_status st;
     if (loc->contiguous) {
-        st = read_span(s, loc->shard[0], loc->off[0], (size_t)s->geom.total, slot->buf,
+        st = read_span(s, loc->drive, loc->shard[0], loc->off[0], (size_t)s->geom.total, slot->buf,
                        &slot->data_off, err, errlen);
         if (st != K3_OK)
-            k3_err_prefix(err, errlen, "layer %d expert %d (shard %s)", layer, e,
-                          st_shard_name(s->idx, loc->shard[0]));
+            k3_err_prefix(err, errlen, "layer %d expert %d (shard %s%s%s)", layer, e,
+                          st_shard_name(s->idx, loc->shard[0]), loc->drive >= 0 ? " on drive " : "",
+                          loc->drive >= 0 ? k3_placement_drive_path(s->placement, loc->drive) : "");
         return st;
     }
     /* six tensors scattered: six buffered reads into the slot layout */
     slot->data_off = 0;
     for (int p = 0; p < K3_EXP_PARTS; p++) {
-        st = st_pread(s->idx, loc->shard[p], loc->off[p], slot->buf + s->geom.layout_off[p],
-                      (size_t)s->geom.bytes[p], 0, err, errlen);
+        st = src_pread(s, loc->drive, loc->shard[p], loc->off[p], slot->buf + s->geom.layout_off[p],
+                       (size_t)s->geom.bytes[p], 0, err, errlen);
         if (st != K3_OK) {
             k3_err_prefix(err, errlen, "layer %d expert %d %s (shard %s)", layer, e,
                           k3_exp_part_name[p], st_shard_name(s->idx, loc->shard[p]));
@@ -94,7 +105,8 @@ k3_status exp_read_expert(k3_experts *s, int layer, int32_t e, const exp_loc *lo
 void exp_advise(k3_experts *s, const exp_loc *loc) {
     if (s->direct) return;
     for (int p = 0; p < (loc->contiguous ? 1 : K3_EXP_PARTS); p++) {
-        int fd = st_shard_fd(s->idx, loc->shard[p], 0);
+        int fd = loc->drive < 0 ? st_shard_fd(s->idx, loc->shard[p], 0)
+                                : exp_stripe_fd(s, loc->drive, loc->shard[p], 0);
         uint64_t len = loc->contiguous ? s->geom.total : s->geom.bytes[p];
         if (fd >= 0) posix_fadvise(fd, (off_t)loc->off[p], (off_t)len, POSIX_FADV_WILLNEED);
     }
@@ -102,19 +114,22 @@ void exp_advise(k3_experts *s, const exp_loc *loc) {
 
 /* ---- loader threads ---- */
 
+/* One queue per drive (one without a placement): a drive's reads wait only
+ * behind that drive's reads, so N drives have reads in flight together. */
 static void *loader_main(void *arg) {
-    k3_experts *s = arg;
+    exp_queue *q = arg;
+    k3_experts *s = q->s;
     for (;;) {
-        pthread_mutex_lock(&s->q_mu);
-        while (!s->q_head && !s->q_stop) pthread_cond_wait(&s->q_cv, &s->q_mu);
-        if (!s->q_head) { /* stopping and nothing left */
-            pthread_mutex_unlock(&s->q_mu);
+        pthread_mutex_lock(&q->mu);
+        while (!q->head && !q->stop) pthread_cond_wait(&q->cv, &q->mu);
+        if (!q->head) { /* stopping and nothing left */
+            pthread_mutex_unlock(&q->mu);
             return NULL;
         }
-        exp_item *it = s->q_head;
-        s->q_head = it->next;
-        if (!s->q_head) s->q_tail = NULL;
-        pthread_mutex_unlock(&s->q_mu);
+        exp_item *it = q->head;
+        q->head = it->next;
+        if (!q->head) q->tail = NULL;
+        pthread_mutex_unlock(&q->mu);
 
         /* The slot is pinned by the item and LOADING: its buffer is ours
          * until exp_read_done publishes it. */
@@ -123,50 +138,67 @@ static void *loader_main(void *arg) {
         double t0 = k3_now_ms();
         k3_status st = exp_read_expert(s, it->b->layer, it->id, &L->loc[it->id], slot, it->err,
                                        sizeof it->err);
+        if (st == K3_OK) {
+            pthread_mutex_lock(&s->stats_mu);
+            s->drive_bytes[q - s->queues] += s->geom.total;
+            pthread_mutex_unlock(&s->stats_mu);
+        }
         exp_read_done(it, st, t0, k3_now_ms());
     }
 }
 
 void exp_queue_read(k3_experts *s, exp_item *it) {
-    pthread_mutex_lock(&s->q_mu);
+    int d = it->b->L->loc[it->id].drive;
+    exp_queue *q = &s->queues[d >= 0 && d < s->n_queues ? d : 0];
+    pthread_mutex_lock(&q->mu);
     it->next = NULL;
-    if (s->q_tail)
-        s->q_tail->next = it;
+    if (q->tail)
+        q->tail->next = it;
     else
-        s->q_head = it;
-    s->q_tail = it;
-    pthread_cond_signal(&s->q_cv);
-    pthread_mutex_unlock(&s->q_mu);
+        q->head = it;
+    q->tail = it;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
 }
 
 k3_status exp_loaders_start(k3_experts *s, int n, char *err, size_t errlen) {
-    pthread_mutex_init(&s->q_mu, NULL);
-    pthread_cond_init(&s->q_cv, NULL);
-    s->q_init = 1;
-    for (int i = 0; i < n; i++) {
-        int rc = pthread_create(&s->loaders[i], NULL, loader_main, s);
-        if (rc != 0) {
-            exp_loaders_stop(s);
-            return k3_errf(K3_ERR_NOMEM, err, errlen,
-                           "expert store: cannot start loader thread %d of %d: %s", i + 1, n,
-                           strerror(rc));
+    int nq = s->placement ? k3_placement_drives(s->placement) : 1;
+    for (int k = 0; k < nq; k++) {
+        exp_queue *q = &s->queues[k];
+        pthread_mutex_init(&q->mu, NULL);
+        pthread_cond_init(&q->cv, NULL);
+        q->init = 1;
+        q->s = s;
+        s->n_queues = k + 1;
+        for (int i = 0; i < n; i++) {
+            int rc = pthread_create(&q->loaders[i], NULL, loader_main, q);
+            if (rc != 0) {
+                exp_loaders_stop(s);
+                return k3_errf(K3_ERR_NOMEM, err, errlen,
+                               "expert store: cannot start loader thread %d of %d (drive %d): %s",
+                               i + 1, n, k, strerror(rc));
+            }
+            q->n_loaders++;
         }
-        s->n_loaders++;
     }
     return K3_OK;
 }
 
-/* No batch is open (k3_experts_close's contract), so the queue is empty;
+/* No batch is open (k3_experts_close's contract), so the queues are empty;
  * threads finish what they hold and exit. */
 void exp_loaders_stop(k3_experts *s) {
-    if (!s->q_init) return;
-    pthread_mutex_lock(&s->q_mu);
-    s->q_stop = 1;
-    pthread_cond_broadcast(&s->q_cv);
-    pthread_mutex_unlock(&s->q_mu);
-    for (int i = 0; i < s->n_loaders; i++) pthread_join(s->loaders[i], NULL);
-    s->n_loaders = 0;
-    pthread_mutex_destroy(&s->q_mu);
-    pthread_cond_destroy(&s->q_cv);
-    s->q_init = 0;
+    for (int k = 0; k < s->n_queues; k++) {
+        exp_queue *q = &s->queues[k];
+        if (!q->init) continue;
+        pthread_mutex_lock(&q->mu);
+        q->stop = 1;
+        pthread_cond_broadcast(&q->cv);
+        pthread_mutex_unlock(&q->mu);
+        for (int i = 0; i < q->n_loaders; i++) pthread_join(q->loaders[i], NULL);
+        q->n_loaders = 0;
+        pthread_mutex_destroy(&q->mu);
+        pthread_cond_destroy(&q->cv);
+        q->init = 0;
+    }
+    s->n_queues = 0;
 }

@@ -70,15 +70,14 @@ static size_t rows_len(const k3_experts *s) {
  * nothing (first run); a zero-byte file is the all-zero history. Dims or
  * engine id that differ are K3_ERR_MISMATCH, a malformed line
  * K3_ERR_FORMAT, both naming the path and the line. */
-static k3_status usage_parse(const k3_experts *s, const char *path, uint64_t *rows, char *err,
-                             size_t errlen) {
+k3_status k3_experts_usage_read(const char *path, int NL, int E, uint64_t *rows, char *err,
+                                size_t errlen) {
     FILE *f = fopen(path, "r");
     if (!f) {
         if (errno == ENOENT) return K3_OK;
         return k3_errf(K3_ERR_IO, err, errlen, "usage history %s: cannot open: %s", path,
                        strerror(errno));
     }
-    const int NL = s->cfg.n_layers_full, E = s->cfg.n_experts;
     k3_status st = K3_OK;
     char line[256];
     int lineno = 0, have_dims = 0, have_id = 0;
@@ -129,6 +128,11 @@ static k3_status usage_parse(const k3_experts *s, const char *path, uint64_t *ro
         st = k3_errf(K3_ERR_IO, err, errlen, "usage history %s: read error", path);
     fclose(f);
     return st;
+}
+
+static k3_status usage_parse(const k3_experts *s, const char *path, uint64_t *rows, char *err,
+                             size_t errlen) {
+    return k3_experts_usage_read(path, s->cfg.n_layers_full, s->cfg.n_experts, rows, err, errlen);
 }
 
 /* Rows of layers outside the range and of dense layers are ignored here

@@ -20,6 +20,7 @@
  * other batches that joined the same slot while it was being read.
  */
 #include "common/experts/experts_int.h"
+#include "common/experts/placement.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +133,7 @@ k3_status k3_experts_open(k3_experts **out, st_index *idx, const k3_config *cfg,
     s->slot_bytes = slot_bytes;
     s->direct = opts->direct;
     s->pipe = opts->pipe;
+    s->placement = opts->placement;
     pthread_mutex_init(&s->stats_mu, NULL);
     s->layers = k3_xcalloc((size_t)(layer_b - layer_a), sizeof *s->layers);
     for (int i = layer_a; i < layer_b; i++) {
@@ -158,6 +160,7 @@ void k3_experts_close(k3_experts **sp) {
     if (!sp || !*sp) return;
     k3_experts *s = *sp;
     exp_loaders_stop(s);
+    exp_stripe_close(s);
     for (int i = s->layer_a; i < s->layer_b; i++) {
         exp_layer *L = &s->layers[i - s->layer_a];
         for (int j = 0; j < L->n_slots; j++) free(L->slots[j].buf);
@@ -233,6 +236,7 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
     /* one pass over the experts: presence, dtype, byte size, shape, place */
     for (int e = 0; e < E && st == K3_OK; e++) {
         L->slot_of[e] = -1;
+        L->loc[e].drive = -1;
         const st_tensor *t[K3_EXP_PARTS];
         int present = 0;
         for (int p = 0; p < K3_EXP_PARTS; p++) {
@@ -287,6 +291,11 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
             loc->shard[p] = t[p]->shard;
             loc->off[p] = t[p]->offset;
         }
+        if (st != K3_OK) break;
+        /* striped: read from the placement drive's copies of the same shards */
+        loc->drive = s->placement ? (int16_t)k3_placement_drive_of(s->placement, layer, e) : -1;
+        for (int p = 0; p < K3_EXP_PARTS && loc->drive >= 0 && st == K3_OK; p++)
+            st = exp_stripe_open(s, loc->drive, loc->shard[p], layer, e, err, errlen);
         if (st != K3_OK) break;
         /* contiguous in slot order within one shard: one read per expert */
         loc->present = 1;

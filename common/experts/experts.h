@@ -9,7 +9,8 @@
  * buffers (LRU, except that a batch keeps the experts it needs last: see
  * experts.c) with a byte budget (K3_EXPERT_GB split evenly over the range's MoE
  * layers, at least one slot per layer, checked against MemAvailable); the
- * loader threads (K3_LOAD_THREADS) that read misses; the usage history
+ * loader threads (K3_LOAD_THREADS per drive: one read queue per drive of a
+ * placement, common/experts/placement.h) that read misses; the usage history
  * (K3_USAGE, <model>/.k3_usage); statistics.
  * Borrows: the safetensors index (owned by the model), read through st_pread
  * on each shard's own fds (a shard on another --dirs drive reads there).
@@ -67,6 +68,9 @@ typedef struct k3_experts_opts {
                                0: a window's misses are all read before the first is used */
     int load_threads;       /* loader threads, 1..K3_MAX_LOAD_THREADS; 0 = 4 */
     uint64_t mem_available; /* bytes of RAM the slots may use; 0 = MemAvailable */
+    const struct k3_placement *placement; /* expert striping (common/experts/placement.h),
+                                             borrowed, checked by the caller; NULL = the
+                                             experts are read from the checkpoint's shards */
 } k3_experts_opts;
 
 /* Opens an empty store for layers [layer_a, layer_b) of cfg (copied). Tables
@@ -98,6 +102,18 @@ size_t k3_experts_slot_bytes(const k3_experts *s);
  * ids in disk order (shard file name, then offset; missing experts last,
  * by id). Returns the count. */
 int k3_experts_disk_order(const k3_experts *s, int layer, const uint8_t *selected, int32_t *ids);
+
+/* Placement drive of expert e of layer (0 without a placement). */
+int k3_experts_drive_of(const k3_experts *s, int layer, int32_t e);
+/* Drives the store reads from: the placement's, 1 without one. */
+int k3_experts_drives(const k3_experts *s);
+/* Reorders ids [n] so that consecutive ones are on different drives where
+ * it can (round robin over the drives, each drive's ids in their given
+ * order): a window of reads then keeps every drive busy. No-op with one
+ * drive. */
+void k3_experts_interleave(const k3_experts *s, int layer, int32_t *ids, int n);
+/* Bytes read from drive d since open (quiet warm-start reads included). */
+uint64_t k3_experts_drive_bytes(k3_experts *s, int d);
 
 /* 1 when expert e of layer is in a slot or being read into one (a snapshot:
  * an ordering hint, it may change right after). */
@@ -166,6 +182,12 @@ k3_status k3_experts_usage_save(k3_experts *s, const char *path, char *err, size
  * unpinned. Not counted as usage nor in k3_experts_totals. *n_read (may be
  * NULL) counts them. */
 k3_status k3_experts_warm(k3_experts *s, int *n_read, char *err, size_t errlen);
+/* Adds the counts of the history file at path into rows
+ * [(n_layers_full + 1) * n_experts] (a missing file adds nothing); the
+ * checks of k3_experts_usage_load. For readers without a store
+ * (common/experts/placement.h's callers). */
+k3_status k3_experts_usage_read(const char *path, int n_layers_full, int n_experts, uint64_t *rows,
+                                char *err, size_t errlen);
 /* Count recorded for (layer, expert) (tests, reports). */
 uint64_t k3_experts_usage_count(k3_experts *s, int layer, int expert);
 

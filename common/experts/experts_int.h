@@ -4,6 +4,7 @@
  *   experts.c       tables, budget, LRU slots, batches (the window)
  *   expert_io.c     the read path (O_DIRECT head/tail) and the loader threads
  *   expert_usage.c  the usage history and the warm start
+ *   expert_stripe.c the drive files of a placement (expert striping)
  *
  * Locking: a layer's mutex guards its slots, slot_of, clock and usage
  * counts, and the batch items admitted on that layer. The loader queue has
@@ -28,6 +29,8 @@ typedef struct exp_loc {
     uint64_t off[K3_EXP_PARTS]; /* absolute file offset of each part */
     uint8_t present;            /* 0: absent from the checkpoint */
     uint8_t contiguous;         /* 1: parts back to back in slot order, one shard */
+    int16_t drive;              /* placement drive holding it (read from that drive's copy of
+                                   the shard, same offsets); -1 = the checkpoint's shard */
 } exp_loc;
 
 enum { EXP_SLOT_EMPTY = 0, EXP_SLOT_LOADING, EXP_SLOT_READY, EXP_SLOT_FAILED };
@@ -89,6 +92,27 @@ struct k3_expert_batch {
     int quiet;            /* 1: not added to the store's totals (warm start reads) */
 };
 
+/* A read queue and its loader threads. */
+typedef struct exp_queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    exp_item *head, *tail; /* FIFO of reads, in the order queued */
+    int stop;
+    int init; /* mutex/cv initialised */
+    int n_loaders;
+    pthread_t loaders[K3_MAX_LOAD_THREADS];
+    struct k3_experts *s;
+} exp_queue;
+
+/* One placement drive's copies of the shards, opened as layers load:
+ * fd[shard] buffered, dfd[shard] O_DIRECT (-1 where refused), -1 = not
+ * opened yet. Written only by k3_experts_load_layer (one thread, before
+ * any batch), read by the loaders. */
+typedef struct exp_drive {
+    int *fd, *dfd; /* [st_shard_count] */
+    int n;
+} exp_drive;
+
 struct k3_experts {
     st_index *idx; /* borrowed */
     k3_config cfg; /* copy */
@@ -100,14 +124,15 @@ struct k3_experts {
     exp_layer *layers; /* [layer_b - layer_a] */
     pthread_mutex_t stats_mu;
     k3_expert_stats totals;
-    /* loader threads (expert_io.c) */
-    pthread_mutex_t q_mu;
-    pthread_cond_t q_cv;
-    exp_item *q_head, *q_tail; /* FIFO of reads, in the order queued */
-    int q_stop;
-    int q_init; /* queue mutex/cv initialised */
-    int n_loaders;
-    pthread_t loaders[K3_MAX_LOAD_THREADS];
+    /* loader threads (expert_io.c): one read queue per drive (one without a
+     * placement), each with its own threads, so every drive has reads in
+     * flight at once */
+    exp_queue queues[K3_MAX_DIRS];
+    int n_queues;
+    /* expert striping (expert_stripe.c): borrowed placement, NULL = none */
+    const struct k3_placement *placement;
+    exp_drive drives[K3_MAX_DIRS];     /* [placement drives] */
+    uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes read per queue (stats_mu) */
 };
 
 /* expert_io.c */
@@ -124,6 +149,19 @@ void exp_advise(k3_experts *s, const exp_loc *loc);
 /* The loader's completion (expert_io.c calls it, experts.c defines it):
  * records the result under the layer mutex and wakes the consumer. */
 void exp_read_done(exp_item *it, k3_status st, double t0_ms, double t1_ms);
+
+/* expert_stripe.c */
+/* Opens (once) drive d's copy of the shard and checks its size against the
+ * checkpoint's: a missing or short file is refused naming it, the layer and
+ * the expert. */
+k3_status exp_stripe_open(k3_experts *s, int d, int shard, int layer, int32_t e, char *err,
+                          size_t errlen);
+void exp_stripe_close(k3_experts *s);
+/* pread loop on drive d's copy of shard (direct: its O_DIRECT fd, buffer,
+ * offset and length aligned); errors name the file. */
+k3_status exp_stripe_pread(k3_experts *s, int d, int shard, uint64_t off, void *buf, size_t len,
+                           int direct, char *err, size_t errlen);
+int exp_stripe_fd(const k3_experts *s, int d, int shard, int direct);
 
 /* experts.c */
 exp_layer *exp_layer_of(const k3_experts *s, int layer);

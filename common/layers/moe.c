@@ -175,9 +175,13 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     uint8_t *hot = k3_arena_alloc(ar, (size_t)E); /* [n_union] cached at the look */
     for (int i = 0; i < n_union; i++) hot[i] = k3_experts_cached(lc->experts, layer, order[i]) != 0;
     int n_run = 0;
+    int n_hot = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n_union; i++)
-            if (hot[i] == (pass == 0)) run[n_run++] = order[i];
+            if (hot[i] == (pass == 0)) run[n_run++] = order[i], n_hot += pass == 0;
+    /* striped experts (common/experts/placement.h): the misses alternate
+     * between drives, so the window's reads run on every drive at once */
+    k3_experts_interleave(lc->experts, layer, run + n_hot, n_run - n_hot);
 
     /* The routed experts' reads start now (the batch admits its first
      * window and queues the misses to the loader threads), so the latent

@@ -33,6 +33,13 @@
 # layers = 1 dense + 4 MoE, 24 experts of real size; generated when
 # missing, 9.1 GB on disk). Layers are split so each worker holds the same
 # number of MoE layers (the dense layer 0 goes with the first).
+# STRIPE=0: the configuration above (each worker's layers on its own drive);
+# STRIPE=1: expert striping (docs/CLUSTER.md): `k3-coordinator place` spreads
+# every MoE layer's experts over the N drives (sparse copies), the workers
+# (same layer split) read them with --placement, one read queue per drive,
+# all in one cgroup that throttles each of the N devices; dense weights come
+# from the checkpoint (read at load, unthrottled). Default: both, each N run
+# unstriped then striped, so the pairs are measured side by side.
 # Everything made here (loop devices, mounts, cgroups, /dev/shm files,
 # worker processes) is removed on exit, failure or interrupt.
 set -euo pipefail
@@ -54,6 +61,8 @@ CACHE_PER=${CACHE_PER:-layer} # layer | worker (see above)
 # oversubscribe the cores when N > cores); split = cores / N (at least 1),
 # as workers on their own NUMA nodes or hosts would have
 WORKER_THREADS=${WORKER_THREADS:-all}
+STRIPE=${STRIPE:-both} # 0 = per-worker drives, 1 = experts striped over all drives, both
+case $STRIPE in 0) MODES=0 ;; 1) MODES=1 ;; both) MODES="0 1" ;; *) echo "bench-drives: STRIPE=$STRIPE: 0, 1 or both" >&2; exit 2 ;; esac
 case $WORKER_THREADS in all | split) ;; *) echo "bench-drives: WORKER_THREADS=$WORKER_THREADS: all or split" >&2; exit 2 ;; esac
 case $CACHE_PER in layer | worker) ;; *) echo "bench-drives: CACHE_PER=$CACHE_PER: layer or worker" >&2; exit 2 ;; esac
 LOAD_TIMEOUT=${LOAD_TIMEOUT:-600} # s for the workers to load
@@ -70,8 +79,11 @@ for t in losetup mkfs.ext4 mount umount lsblk dd; do
     command -v "$t" >/dev/null || skip "$t is not installed"
 done
 
-T=$(mktemp -d "${TMPDIR:-/tmp}/k3drives.XXXXXX")
-TAG=k3drives.$$
+# BENCH_TAG prefixes the /tmp directory, the /dev/shm files and the cgroups
+# (a shared machine: each user's own prefix)
+BENCH_TAG=${BENCH_TAG:-k3drives}
+T=$(mktemp -d "${TMPDIR:-/tmp}/$BENCH_TAG.XXXXXX")
+TAG=$BENCH_TAG.$$
 PIDS=() MOUNTS=() LOOPS=() IMGS=() CGS=() DRIVER=""
 
 stop_workers() {
@@ -188,17 +200,41 @@ echo "bench-drives: $SLICE ($((total / 1000000)) MB of layer shards), $(nproc) c
      "prompt $PROMPT, chunk $CHUNK / pipe-chunk $PIPE_CHUNK, worker threads $WORKER_THREADS"
 t_all=$(date +%s)
 
-# ---- one configuration ------------------------------------------------------
-run_n() {
-    local N=$1 i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
-    plan=$($PY -c "$PLAN_PY" "$SLICE" "$N" "$SLOTS" "$CACHE_PER") || return 1
-    local wthreads=$(nproc)
+# Waits until workers 0..N-1 listen (a worker binds once it has loaded).
+wait_loaded() {
+    local N=$1 i t0; t0=$(date +%s)
+    for i in $(seq 0 $((N - 1))); do
+        until [ -S "$T/w$i.sock" ]; do
+            if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
+                echo "bench-drives: worker $i exited while loading:"; tail -5 "$T/w$i.log"; return 1
+            fi
+            if [ $(($(date +%s) - t0)) -gt "$LOAD_TIMEOUT" ]; then
+                echo "bench-drives: worker $i not listening after $LOAD_TIMEOUT s"; return 1
+            fi
+            sleep 0.5
+        done
+    done
+}
+
+# The layer split and budgets (plan) and the compute threads per worker
+# (wthreads) for N workers, set in the caller's locals of those names.
+plan_for() {
+    plan=$($PY -c "$PLAN_PY" "$SLICE" "$1" "$SLOTS" "$CACHE_PER") || return 1
+    wthreads=$(nproc)
     if [ "$WORKER_THREADS" = split ]; then
-        wthreads=$(($(nproc) / N))
+        wthreads=$(($(nproc) / $1))
         [ "$wthreads" -ge 1 ] || wthreads=1
     fi
+}
+
+# ---- one configuration ------------------------------------------------------
+run_n() {
+    local N=$1 M=${2:-0} i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
+    [ "$M" = 1 ] && { run_striped "$N"; return; }
+    local wthreads
+    plan_for "$N" || return 1
     echo
-    echo "=== $N worker(s) ==="
+    echo "=== $N worker(s), $N drive(s), STRIPE=0 (each worker's layers on its drive) ==="
     local t_setup; t_setup=$(date +%s)
     while read -r i a b nmoe gb size shards; do
         IMGS+=("/dev/shm/$TAG.$i.img")
@@ -215,6 +251,7 @@ run_n() {
         cg=$CG/$TAG.$i
         mkdir "$cg"
         CGS+=("$cg")
+        rm -f "$T/w$i.sock" # another configuration's: bound again once loaded
         # the worker starts inside its drive's cgroup (the shell execs into it)
         sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
             "$BUILD/k3-worker" --model "$T/model" --dirs "$T/drive$i" --layers "$a-$b" \
@@ -228,17 +265,7 @@ run_n() {
     done <<<"$plan"
     echo "  drives made and filled in $(($(date +%s) - t_setup)) s"
     local t0; t0=$(date +%s)
-    for i in $(seq 0 $((N - 1))); do  # a worker binds once it has loaded
-        until [ -S "$T/w$i.sock" ]; do
-            if ! kill -0 "${PIDS[$i]}" 2>/dev/null; then
-                echo "bench-drives: worker $i exited while loading:"; tail -5 "$T/w$i.log"; return 1
-            fi
-            if [ $(($(date +%s) - t0)) -gt "$LOAD_TIMEOUT" ]; then
-                echo "bench-drives: worker $i not listening after $LOAD_TIMEOUT s"; return 1
-            fi
-            sleep 0.5
-        done
-    done
+    wait_loaded "$N" || return 1
     echo "  workers loaded in $(($(date +%s) - t0)) s (unthrottled); throttle on:"
     for i in $(seq 0 $((N - 1))); do
         loop=${LOOPS[$i]}
@@ -257,53 +284,141 @@ run_n() {
     echo 3 >/proc/sys/vm/drop_caches
     # the driver runs in the background so that a signal interrupts `wait`
     # at once (the trap then stops it); a tail streams its output meanwhile
-    : >"$T/out$N"
-    "$BUILD/bench/bench_drives" --model "$T/model" --workers "$eps" --drives "$devs" \
+    drive "$N.0" "$T/model" "$eps" "$devs" "$pids"
+}
+
+# The driver on a cluster that is up: drive TAG MODEL EPS DEVS PIDS
+drive() {
+    local tag=$1 model=$2 eps=$3 devs=$4 pids=$5 i
+    : >"$T/out$tag"
+    "$BUILD/bench/bench_drives" --model "$model" --workers "$eps" --drives "$devs" \
         --pids "$pids" --drive-mbps "$DRIVE_MBPS" --prompt "$PROMPT" --chunk "$CHUNK" \
         --pipe-chunk "$PIPE_CHUNK" --decode "$DECODE" --sess-prompt 1 --sess-tokens "$SESS_TOKENS" \
-        >"$T/out$N" 2>"$T/coord$N.log" &
+        >"$T/out$tag" 2>"$T/coord$tag.log" &
     DRIVER=$!
-    tail --pid="$DRIVER" -n +1 -f "$T/out$N" 2>/dev/null | sed -u 's/^/  /' &
+    tail --pid="$DRIVER" -n +1 -f "$T/out$tag" 2>/dev/null | sed -u 's/^/  /' &
     local tailer=$! rc=0
     wait "$DRIVER" || rc=$?
     DRIVER=""
     wait "$tailer" 2>/dev/null || true
-    [ "$rc" = 0 ] || { echo "bench-drives: the driver failed (exit $rc):"; tail -5 "$T/coord$N.log"; return 1; }
-    grep -q '^result decodeN' "$T/out$N" ||
-        { echo "bench-drives: the driver failed:"; tail -5 "$T/coord$N.log";
-          for i in $(seq 0 $((N - 1))); do tail -3 "$T/w$i.log"; done; return 1; }
+    [ "$rc" = 0 ] || { echo "bench-drives: the driver failed (exit $rc):"; tail -5 "$T/coord$tag.log"; return 1; }
+    grep -q '^result decodeN' "$T/out$tag" ||
+        { echo "bench-drives: the driver failed:"; tail -5 "$T/coord$tag.log";
+          for i in "${!PIDS[@]}"; do tail -3 "$T/w$i.log"; done; return 1; }
     teardown
 }
 
-for n in $NS; do run_n "$n" || exit 1; done
+# ---- one striped configuration (STRIPE=1) ------------------------------------
+# N drives hold every MoE layer's experts striped (k3-coordinator place); the
+# N workers (same layer split and budgets) read all drives, in one cgroup
+# throttling each device to DRIVE_MBPS.
+run_striped() {
+    local N=$1 i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" dlist=""
+    local wthreads
+    plan_for "$N" || return 1
+    echo
+    echo "=== $N worker(s), $N drive(s), STRIPE=1 (every MoE layer's experts striped over all drives) ==="
+    local t_setup; t_setup=$(date +%s)
+    mkdir -p "$T/smodel"
+    for f in "$SLICE"/*; do [ -e "$T/smodel/$(basename "$f")" ] || ln -s "$f" "$T/smodel/"; done
+    local per=$(((total / N + total / 20) / 1048576 * 1048576 + 256 * 1048576))
+    for i in $(seq 0 $((N - 1))); do
+        IMGS+=("/dev/shm/$TAG.s$i.img")
+        truncate -s "$per" "/dev/shm/$TAG.s$i.img"
+        loop=$(losetup --find --show "/dev/shm/$TAG.s$i.img")
+        LOOPS+=("$loop")
+        mkfs.ext4 -q -F -m 0 "$loop"
+        mkdir -p "$T/sdrive$i"
+        mount -o noatime "$loop" "$T/sdrive$i"
+        MOUNTS+=("$T/sdrive$i")
+        dlist+="${dlist:+,}$T/sdrive$i" devs+="${devs:+,}$(basename "$loop")"
+    done
+    "$BUILD/k3-coordinator" place --model "$T/smodel" --drives "$dlist" --usage off \
+        --out "$T/placement.json" 2>&1 | tail -$((N + 1)) | sed 's/^/  /' || return 1
+    [ -s "$T/placement.json" ] || { echo "bench-drives: place failed"; return 1; }
+    cg=$CG/$TAG.stripe
+    mkdir "$cg"
+    CGS+=("$cg")
+    i=0
+    while read -r i a b nmoe gb size shards; do
+        rm -f "$T/w$i.sock" # the previous configuration's: bound again once loaded
+        sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
+            "$BUILD/k3-worker" --model "$T/smodel" --placement "$T/placement.json" --layers "$a-$b" \
+            --listen "ipc://$T/w$i.sock" --expert-gb "$gb" --usage off --no-bench --threads "$wthreads" \
+            --name "stripe$i" >"$T/w$i.log" 2>&1 &
+        PIDS+=($!)
+        echo "  worker $i: layers [$a, $b) ($nmoe MoE), experts on all $N drives, expert budget $gb GiB, pid ${PIDS[-1]}"
+        eps+="${eps:+,}ipc://$T/w$i.sock" pids+="${pids:+,}${PIDS[-1]}"
+    done <<<"$plan"
+    echo "  drives made and filled in $(($(date +%s) - t_setup)) s"
+    local t0; t0=$(date +%s)
+    wait_loaded "$N" || return 1
+    echo "  workers loaded in $(($(date +%s) - t0)) s (unthrottled); throttle on (one group, every device):"
+    for i in $(seq 0 $((N - 1))); do
+        majmin=$(lsblk -dno MAJ:MIN "${LOOPS[$i]}" | tr -d ' ')
+        echo "$majmin $((DRIVE_MBPS * 1000000))" >"$cg/blkio.throttle.read_bps_device"
+    done
+    for i in $(seq 0 $((N - 1))); do
+        loop=${LOOPS[$i]}
+        # the device itself: a drive file is sparse, and holes read no blocks
+        rate=$(sh -c 'echo $$ > "$1/cgroup.procs" && exec dd if="$2" of=/dev/null bs=16M count="$3" iflag=direct' \
+                  sh "$cg" "$loop" $((DRIVE_MBPS * 3 / 32 + 1)) 2>&1 | tail -1 | sed 's/.*, //')
+        echo "    drive $i ($(basename "$loop")): limit $DRIVE_MBPS MB/s, dd O_DIRECT in the group: $rate"
+    done
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    drive "$N.1" "$T/smodel" "$eps" "$devs" "$pids"
+}
+
+for n in $NS; do
+    for m in $MODES; do
+        # one drive striped is the unstriped layout (it holds every expert):
+        # with both modes the 1-drive figures are measured once, as STRIPE=0
+        if [ "$n" = 1 ] && [ "$m" = 1 ] && [ "$STRIPE" = both ]; then
+            cp "$T/out1.0" "$T/out1.1"
+            continue
+        fi
+        run_n "$n" "$m" || exit 1
+    done
+done
 
 # ---- summary ------------------------------------------------------------------
-field() {  # N phase key
+field() {  # TAG phase key
     awk -v p="$2" -v k="$3" '$1 == "result" && $2 == p {
         for (i = 3; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$T/out$1"
 }
 echo
-echo "bench-drives: summary ($DRIVE_MBPS MB/s per drive, $(nproc) cores; x1 = figure / 1-worker figure,"\
-     "/N = x1 / workers, target >= 0.85 for prefill and N-session decode)"
-printf '  %-7s | %13s %5s %5s  %-16s | %11s  %-16s | %15s %5s %5s  %-16s\n' workers \
-       "prefill tok/s" x1 /N bound "1-sess ms/t" bound "N-sess tok/s" x1 /N bound
-base_p="" base_d=""
-for n in $NS; do
-    p=$(field "$n" prefill value) d1=$(field "$n" decode1 value) dn=$(field "$n" decodeN value)
-    [ -n "$base_p" ] || { base_p=$p; base_d=$dn; }
-    awk -v n="$n" -v p="$p" -v bp="$base_p" -v d1="$d1" -v dn="$dn" -v bd="$base_d" \
-        -v pb="$(field "$n" prefill bound)" -v db="$(field "$n" decode1 bound)" \
-        -v nb="$(field "$n" decodeN bound)" 'BEGIN {
-        printf "  %-7s | %13.2f %5.2f %5.2f  %-16s | %11.0f  %-16s | %15.3f %5.2f %5.2f  %-16s\n",
-            n, p, p / bp, p / bp / n, pb, d1, db, dn, dn / bd, dn / bd / n, nb }'
+echo "bench-drives: summary ($DRIVE_MBPS MB/s per drive, $(nproc) cores; x1 = figure / 1-drive figure"\
+     "of the same STRIPE, /N = x1 / drives; targets: prefill and N-session >= 0.85 x N,"\
+     "striped 1-session decode speed >= 0.8 x N)"
+printf '  %-7s %-6s | %13s %5s %5s  %-16s | %11s %5s %5s  %-16s | %15s %5s %5s  %-16s\n' drives stripe \
+       "prefill tok/s" x1 /N bound "1-sess ms/t" x1 /N bound "N-sess tok/s" x1 /N bound
+for m in $MODES; do
+    base_p="" base_d="" base_1=""
+    for n in $NS; do
+        p=$(field "$n.$m" prefill value) d1=$(field "$n.$m" decode1 value) dn=$(field "$n.$m" decodeN value)
+        [ -n "$base_p" ] || { base_p=$p; base_d=$dn; base_1=$d1; }
+        awk -v n="$n" -v m="$m" -v p="$p" -v bp="$base_p" -v d1="$d1" -v b1="$base_1" -v dn="$dn" -v bd="$base_d" \
+            -v pb="$(field "$n.$m" prefill bound)" -v db="$(field "$n.$m" decode1 bound)" \
+            -v nb="$(field "$n.$m" decodeN bound)" 'BEGIN {
+            printf "  %-7s %-6s | %13.2f %5.2f %5.2f  %-16s | %11.0f %5.2f %5.2f  %-16s | %15.3f %5.2f %5.2f  %-16s\n",
+                n, m, p, p / bp, p / bp / n, pb, d1, b1 / d1, b1 / d1 / n, db, dn, dn / bd, dn / bd / n, nb }'
+    done
 done
 echo "  prefill wall time vs its drive floor (the busiest drive's bytes at the throttle: the time"\
      "the reads alone need, the figure if compute were free):"
-for n in $NS; do
-    echo "    $n: wall $(field "$n" prefill wall_s) s, drive floor $(field "$n" prefill floor_s) s"
+for m in $MODES; do
+    for n in $NS; do
+        echo "    $n drives, STRIPE=$m: wall $(field "$n.$m" prefill wall_s) s, drive floor $(field "$n.$m" prefill floor_s) s"
+    done
 done
-echo "  per-drive read GB/s (prefill | 1-session decode | N-session decode):"
-for n in $NS; do
-    echo "    $n: $(field "$n" prefill drive_gbps) | $(field "$n" decode1 drive_gbps) | $(field "$n" decodeN drive_gbps)"
+echo "  per-drive read GB/s, busiest drive's share of the bytes, expert-read (gather) wait per MoE layer step"
+echo "  (prefill | 1-session decode | N-session decode):"
+for m in $MODES; do
+    for n in $NS; do
+        echo "    $n drives, STRIPE=$m: $(field "$n.$m" prefill drive_gbps) | $(field "$n.$m" decode1 drive_gbps) | $(field "$n.$m" decodeN drive_gbps);" \
+             "share $(field "$n.$m" prefill busiest_share) | $(field "$n.$m" decode1 busiest_share) | $(field "$n.$m" decodeN busiest_share);" \
+             "wait ms/layer $(field "$n.$m" prefill wait_ms_per_layer) | $(field "$n.$m" decode1 wait_ms_per_layer) | $(field "$n.$m" decodeN wait_ms_per_layer)"
+    done
 done
 echo "bench-drives: done in $(($(date +%s) - t_all)) s"

@@ -171,6 +171,24 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
                                  gbps);
         if (used >= sizeof gbps_list) used = sizeof gbps_list - 1;
     }
+    /* striping: the busiest drive's share of the bytes read (1/N when the
+     * drives are balanced), and the expert-read wait per MoE layer step */
+    double drive_sum = 0, drive_max = 0;
+    for (int i = 0; i < g_o.n_drives; i++) {
+        double bytes = (double)(b->drive_bytes[i] - a->drive_bytes[i]);
+        drive_sum += bytes;
+        if (bytes > drive_max) drive_max = bytes;
+    }
+    double busiest_share = drive_sum > 0 ? drive_max / drive_sum : 0;
+    double layer_steps = 0;
+    const k3_config *cfg = k3_model_config(g_model);
+    for (int i = 0; i < g_n; i++) {
+        int moe = 0;
+        for (int l = b->st[i].layer_a; l < b->st[i].layer_b; l++) moe += cfg->is_moe[l];
+        layer_steps += (double)(b->st[i].forwards - a->st[i].forwards) * moe;
+    }
+    if (g_o.n_drives > 1)
+        printf("  busiest drive: %.1f %% of the bytes read\n", busiest_share * 100);
     double cpu_s = b->self_cpu_s - a->self_cpu_s;
     for (int i = 0; i < g_n; i++) {
         const k3_stage_info *x = &a->st[i], *y = &b->st[i];
@@ -223,11 +241,15 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
     if (floor_s > 0)
         printf("  drive floor: %.2f s (the busiest drive's bytes at %.0f MB/s) = %.0f %% of wall\n",
                floor_s, g_o.drive_mbps, floor_s * 100 / wall_s);
+    double wait_layer = layer_steps > 0 ? read_sum / layer_steps : 0;
+    printf("  expert-read (gather) wait: %.1f ms per MoE layer step (%.0f layer steps)\n",
+           wait_layer, layer_steps);
     printf("result %s value=%.4f unit=%s wall_s=%.3f drive_gbps=%s cpu_pct=%.1f host_pct=%.1f "
-           "drive_util_pct=%.0f io_share_pct=%.0f floor_s=%.3f bound=%s\n",
+           "drive_util_pct=%.0f io_share_pct=%.0f floor_s=%.3f bound=%s busiest_share=%.3f "
+           "wait_ms_per_layer=%.1f\n",
            phase, value, per_token_ms ? "ms/token" : "tok/s", wall_s,
            gbps_list[0] ? gbps_list : "-", cpu_pct, host_pct, max_util * 100, io_share * 100,
-           floor_s, bound);
+           floor_s, bound, busiest_share, wait_layer);
     fflush(stdout);
 }
 

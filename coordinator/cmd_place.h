@@ -1,0 +1,47 @@
+/* coordinator/cmd_place.h: `k3-coordinator place`: stripe the routed experts
+ * over drives (docs/CLUSTER.md "Expert striping").
+ *
+ *   k3-coordinator place --model DIR [--plan PLAN.json] [--drives D1,D2,...]
+ *                        [--weights W1,W2,...] [--out FILE] [--copy]
+ *
+ * Builds a placement (common/experts/placement.h) from the drives' shares
+ * (a plan file's "share", or --weights, or equal) and the usage history,
+ * lays the expert bytes out on the drives (D/k3-stripe/<shard>: a hard link
+ * to the shard where the drive is on the shard's file system, else a
+ * sparse copy holding only that drive's experts), verifies the sizes and
+ * writes the placement file. Resumable: a shard file is written as .tmp
+ * and renamed when complete, and a complete one whose record matches is
+ * kept. Exit status: 0 done, 1 error (message on stderr), 2 usage.
+ */
+#ifndef K3_CMD_PLACE_H
+#define K3_CMD_PLACE_H
+
+#include "common/base/err.h"
+
+typedef struct k3_place_req {
+    const char *model;         /* checkpoint directory */
+    const char *const *drives; /* [n_drives] directories (created when missing) */
+    int n_drives;
+    const double *weight; /* [n_drives] shares or speeds, NULL = equal */
+    const char *usage;    /* usage history file, NULL = none */
+    double topp;          /* K3_TOPP (part of the model fingerprint) */
+    int max_layers;       /* K3_LAYERS (part of the config the fingerprint covers) */
+    const char *out;      /* placement file to write */
+    int force_copy;       /* 1: copy even where a hard link would do */
+    int progress;         /* 1: progress on stderr */
+} k3_place_req;
+
+/* Builds the placement, lays the bytes out, writes req->out. */
+k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen);
+
+/* `--stripe` (k3-coordinator's in-process run and --local N): lays the
+ * experts out over eng->dirs with equal weights and no usage history (so
+ * that reruns find the layout complete), writes
+ * <dirs[0]>/k3-stripe/placement.json and points eng->placement at it
+ * (owned by eng). Refused without --dirs or with --placement. */
+struct k3_engine_opts;
+k3_status k3_place_stripe_dirs(struct k3_engine_opts *eng, char *err, size_t errlen);
+
+int cmd_place(int argc, char **argv);
+
+#endif
