@@ -148,6 +148,8 @@ sys.exit(0 if [x["role"] for x in m] == ["system", "user", "assistant"] and m[1]
 EOF
 
 # Ctrl-C in the middle of a long answer
+# near-uniform sampling: the stop id comes about once in 1500 tokens
+keys a ':set temp 100000' Enter
 keys a ':set ngen 20000' Enter
 wait_n a 'ngen 20000' 1 10 || bad ":set ngen: no confirmation"
 # an answer at temperature 30 can end early (a stop id): up to 5 tries
@@ -177,6 +179,7 @@ if [ -n "$s8" ]; then
 else
     bad "Ctrl-C mid-answer: no '(stopped)' stats line in 5 tries"
 fi
+keys a ':set temp 30' Enter
 keys a ':set ngen 24' Enter
 keys a 'After the stop' Enter
 n_stats=$((n_stats + 1))
