@@ -148,21 +148,26 @@ sys.exit(0 if [x["role"] for x in m] == ["system", "user", "assistant"] and m[1]
 EOF
 
 # Ctrl-C in the middle of a long answer
+# near-uniform sampling: the stop id comes about once in 1500 tokens
+keys a ':set temp 100000' Enter
 keys a ':set ngen 20000' Enter
 wait_n a 'ngen 20000' 1 10 || bad ":set ngen: no confirmation"
 # an answer at temperature 30 can end early (a stop id): up to 5 tries
 n_stats=7
 s8=""
 for try in 1 2 3 4 5; do
+    n_early=$(pane a | grep -c 'stopped before the first token')
     keys a "Tell me a very long story, take $try" Enter
     # Ctrl-C once the answer streams (not during the prefill)
     for _ in $(seq 1 300); do
-        [ -n "$(pane a | awk -v t="take $try" 'f && NF {print; exit} index($0, t) {f = 1}')" ] && break
+        [ -n "$(pane a | awk -v t="take $try" 'f && NF && !/ prefill / {print; exit} index($0, t) {f = 1}')" ] && break
         sleep 0.1
     done
     keys a C-c
+    # a stats line, or none when the Ctrl-C came before the first token
+    wait_n a '^\[prompt |stopped before the first token' $((n_stats + n_early + 1)) 30 || break
+    [ "$(pane a | grep -c 'stopped before the first token')" -gt "$n_early" ] && continue
     n_stats=$((n_stats + 1))
-    wait_n a '^\[prompt ' "$n_stats" 30 || break
     s8=$(stats a "$n_stats")
     grep -q '(stopped)' <<<"$s8" && break
     s8=""
@@ -174,6 +179,7 @@ if [ -n "$s8" ]; then
 else
     bad "Ctrl-C mid-answer: no '(stopped)' stats line in 5 tries"
 fi
+keys a ':set temp 30' Enter
 keys a ':set ngen 24' Enter
 keys a 'After the stop' Enter
 n_stats=$((n_stats + 1))
