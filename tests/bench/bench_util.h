@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/kernels/kernels.h"
 
@@ -49,13 +50,20 @@ static inline int bench_kernel_shape(const char *k, int *kind, int *rows, int *c
     return 0;
 }
 
+/* Set: bench_alloc asks for transparent huge pages (2 MB aligned blocks,
+ * madvise(MADV_HUGEPAGE) before the first touch). */
+static int bench_thp = 0;
+
 /* 64-byte aligned, size rounded up; exits on OOM */
 static inline void *bench_alloc(size_t bytes) {
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    const size_t align = bench_thp ? (2u << 20) : 64;
+    const size_t sz = (bytes + align - 1) / align * align;
+    void *p = aligned_alloc(align, sz);
     if (!p) {
         fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
         exit(1);
     }
+    if (bench_thp) madvise(p, sz, MADV_HUGEPAGE);
     return p;
 }
 
