@@ -125,13 +125,14 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
     int c = 0;
     for (; c + 16 <= cols; c += 16) {
         __m512 w[4];
-        if (T == 1) /* streaming (decode): one prefetch per row per cache line */
-            UNROLL for (int i = 0; i < R; i++) {
-                if (kind == 0)
-                    pf_next(wf + (size_t)i * cols + c, (size_t)R * cols * 4);
-                else if ((c & 63) == 0)
-                    pf_next(wq + (size_t)i * cols + c, 2 * (size_t)R * cols);
-            }
+        /* streaming (decode, n <= 4: one token tile per row block): one
+         * prefetch per row per cache line */
+        UNROLL for (int i = 0; i < R; i++) {
+            if (kind == 0)
+                pf_next(wf + (size_t)i * cols + c, (size_t)R * cols * 4);
+            else if ((c & 63) == 0)
+                pf_next(wq + (size_t)i * cols + c, 2 * (size_t)R * cols);
+        }
         UNROLL for (int i = 0; i < R; i++) w[i] = kind == 0
                                                       ? _mm512_loadu_ps(wf + (size_t)i * cols + c)
                                                       : dec_i8(wq + (size_t)i * cols + c);
@@ -176,7 +177,7 @@ Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, i
         __m512 sv[4];
         UNROLL for (int i = 0; i < R; i++) {
             const uint8_t *p = qb + (size_t)i * ldp + (size_t)g * 32;
-            if (T == 1) pf_next(p, (size_t)R * ldp);
+            pf_next(p, (size_t)R * ldp);
             const __m512i w = two ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(0x00FF, p);
             dec_u8(K3_IK_I4, 0, w, _mm512_setzero_si512(), &lo[i], &hi[i]); /* no table */
             const float *s = sb + (size_t)i * ng + g;
@@ -224,7 +225,7 @@ Z_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int R, 
         _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
         __m512 ev[4], od[4], f[4];
-        if (T == 1 && (g & 3) == 0)
+        if ((g & 3) == 0)
             UNROLL for (int i = 0; i < R; i++)
                 pf_next(pb + (size_t)i * (cols / 2) + g * 16, (size_t)R * (cols / 2));
         UNROLL for (int i = 0; i < R; i++) {

@@ -99,7 +99,7 @@ typedef struct {
     int copies;
     bench_mat *m;  /* [copies] */
     bench_mat *mh; /* [copies] on huge pages (--thp), or NULL */
-    int8_t *xq;   /* [4][cols] */
+    int8_t *xq;    /* [4][cols] */
     float *xs, *x, *y;
 } fmt_case;
 
@@ -191,15 +191,17 @@ int main(int argc, char **argv) {
         else if (argv[a][0] != '-' && nnames < 8) {
             int kind, r, c;
             if (bench_kernel_shape(argv[a], &kind, &r, &c) || kind == BENCH_MXF32) {
-                fprintf(stderr, "bench_kernels_threads: unknown format '%s' (mxi8, int8, int8i, "
-                                "int4, int4i)\n",
+                fprintf(stderr,
+                        "bench_kernels_threads: unknown format '%s' (mxi8, int8, int8i, "
+                        "int4, int4i)\n",
                         argv[a]);
                 return 2;
             }
             names[nnames++] = argv[a];
         } else {
-            fprintf(stderr, "usage: bench_kernels_threads [--quick] [--threads 1,2,..] [--n 1,..,4] "
-                            "[--rounds R] [--thp] [--pattern] [mxi8|int8|int8i|int4|int4i ...]\n");
+            fprintf(stderr,
+                    "usage: bench_kernels_threads [--quick] [--threads 1,2,..] [--n 1,..,4] "
+                    "[--rounds R] [--thp] [--pattern] [mxi8|int8|int8i|int4|int4i ...]\n");
             return 2;
         }
     }
@@ -283,10 +285,9 @@ int main(int argc, char **argv) {
                     if (pattern) {
                         /* the read pattern alone, over the same copies, in the
                          * library's split (mm_run: 2 tasks per thread) */
-                        const size_t ldp =
-                            kind == BENCH_MXI8
-                                ? (size_t)cols / 2
-                                : fc.m[0].qm.fmt == K3_QF_I4G64 ? (size_t)cols / 2 : (size_t)cols;
+                        const size_t ldp = kind == BENCH_MXI8              ? (size_t)cols / 2
+                                           : fc.m[0].qm.fmt == K3_QF_I4G64 ? (size_t)cols / 2
+                                                                           : (size_t)cols;
                         const int tasks = T == 1 ? 1 : 2 * T;
                         const int per = ((rows + 15) / 16 + tasks - 1) / tasks * 16;
                         t0 = k3_now_s();
