@@ -719,7 +719,7 @@ static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, 
     return r16;
 }
 
-/* ---- integer-dot for n = 1, 2: 16 rows, rows through the reduction ----
+/* ---- integer-dot for n = 1..3: 16 rows, rows through the reduction ----
  *
  * MX and I4 only (the nibble kinds; I8 keeps the 8-row ymm kernel). One zmm
  * load is 64 bytes of a row: 4 groups, one per 128-bit lane. Both nibble

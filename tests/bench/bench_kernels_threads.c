@@ -43,29 +43,6 @@
 
 #define MAX_LIST 64
 
-typedef struct {
-    const uint8_t *buf;
-    size_t bytes;
-    int parts;
-    uint64_t sink[MAX_LIST * 8];
-} rd_job;
-
-/* STREAM-like read of part `task` of the buffer (4 independent sums). */
-__attribute__((target("avx2"))) static void rd_task(void *ctx, int task) {
-    rd_job *j = ctx;
-    size_t per = j->bytes / (size_t)j->parts / 128 * 128;
-    const uint8_t *p = j->buf + per * (size_t)task;
-    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
-    for (size_t i = 0; i < per; i += 128) {
-        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + i)));
-        b = _mm256_add_epi64(b, _mm256_load_si256((const __m256i *)(p + i + 32)));
-        c = _mm256_add_epi64(c, _mm256_load_si256((const __m256i *)(p + i + 64)));
-        d = _mm256_add_epi64(d, _mm256_load_si256((const __m256i *)(p + i + 96)));
-    }
-    a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
-    j->sink[(task % MAX_LIST) * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
-}
-
 /* The kernel's pattern, read only: rows [r0, r1) of ldp bytes in tiles of
  * 16 rows, 64 bytes of each row per step, the next tile's same line
  * prefetched (prefetcht1), as the n = 1 integer-dot tiles walk them. */
@@ -183,7 +160,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--pattern"))
             pattern = 1;
         else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
-            nthreads = parse_list(argv[++a], threads, 256);
+            nthreads = parse_list(argv[++a], threads, BENCH_RD_MAX_PARTS);
         else if (!strcmp(argv[a], "--n") && a + 1 < argc)
             nns = parse_list(argv[++a], ns, 4);
         else if (!strcmp(argv[a], "--rounds") && a + 1 < argc)
@@ -261,16 +238,16 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_kernels_threads: %s\n", err);
                 return 1;
             }
-            rd_job rj = {.buf = sbuf, .bytes = sbytes, .parts = T};
+            bench_rd_job rj = {.buf = sbuf, .bytes = sbytes, .parts = T};
             for (int ni = 0; ni < nns; ni++) {
                 const int n = ns[ni];
                 double r[ROUNDS_MAX], kg[ROUNDS_MAX], sg[ROUNDS_MAX + 1], pr[ROUNDS_MAX],
                     hg[ROUNDS_MAX];
                 for (int c = 0; c < fc.copies; c++) run_once(&fc.m[c], &fc, n, pool); /* warm */
-                k3_pool_run(pool, rd_task, &rj, T);
+                k3_pool_run(pool, bench_rd_task, &rj, T);
                 for (int p = 0; p <= rounds; p++) {
                     double t0 = k3_now_s();
-                    k3_pool_run(pool, rd_task, &rj, T);
+                    k3_pool_run(pool, bench_rd_task, &rj, T);
                     sg[p] = (double)(sbytes / (size_t)T / 128 * 128 * (size_t)T) /
                             (k3_now_s() - t0) / 1e9;
                     if (p == rounds) break;
