@@ -19,11 +19,16 @@
  * int4i (--dense-idot). K3_ISA picks the level as everywhere.
  *
  * Usage: bench_kernels_threads [--quick] [--threads 1,2,4] [--n 1,2]
- *        [--rounds R] [--thp] [FORMAT...]
+ *        [--rounds R] [--pattern] [--thp] [--gap US] [FORMAT...]
  *   --thp     a second set of the copies, madvise(MADV_HUGEPAGE)d (transparent
  *             huge pages are "madvise" on many systems, so a plain malloc
  *             gets 4 KB pages), timed in the same rounds: column "thp" is its
  *             pass against the same STREAM neighbours
+ *   --gap US  also a pass whose calls are US microseconds apart (the caller
+ *             spins in between; only the calls are timed), as in a decode
+ *             step with single-threaded work between matmuls: past the
+ *             pool's spin (50 us) the workers sleep, and column "gap" shows
+ *             what waking them costs
  *   --pattern also time, paired the same way, a read-only pass over the
  *             copies in the kernel's own row-task split (threads, tasks,
  *             16-row tiles, the next tile prefetched), to separate the
@@ -147,7 +152,7 @@ static int parse_list(const char *s, int *out, int maxv) {
 #define ROUNDS_MAX 64
 
 int main(int argc, char **argv) {
-    int quick = 0, rounds = 9, thp = 0, pattern = 0;
+    int quick = 0, rounds = 9, thp = 0, pattern = 0, gap_us = 0;
     int threads[MAX_LIST], nthreads = 0, ns[MAX_LIST] = {1, 2, 3, 4}, nns = 4;
     const char *names[8];
     int nnames = 0;
@@ -163,6 +168,8 @@ int main(int argc, char **argv) {
             nthreads = parse_list(argv[++a], threads, BENCH_RD_MAX_PARTS);
         else if (!strcmp(argv[a], "--n") && a + 1 < argc)
             nns = parse_list(argv[++a], ns, 4);
+        else if (!strcmp(argv[a], "--gap") && a + 1 < argc)
+            parse_list(argv[++a], &gap_us, 1000000);
         else if (!strcmp(argv[a], "--rounds") && a + 1 < argc)
             parse_list(argv[++a], &rounds, ROUNDS_MAX);
         else if (argv[a][0] != '-' && nnames < 8) {
@@ -176,9 +183,10 @@ int main(int argc, char **argv) {
             }
             names[nnames++] = argv[a];
         } else {
-            fprintf(stderr,
-                    "usage: bench_kernels_threads [--quick] [--threads 1,2,..] [--n 1,..,4] "
-                    "[--rounds R] [--thp] [--pattern] [mxi8|int8|int8i|int4|int4i ...]\n");
+            fprintf(
+                stderr,
+                "usage: bench_kernels_threads [--quick] [--threads 1,2,..] [--n 1,..,4] "
+                "[--rounds R] [--thp] [--pattern] [--gap US] [mxi8|int8|int8i|int4|int4i ...]\n");
             return 2;
         }
     }
@@ -204,7 +212,8 @@ int main(int argc, char **argv) {
     printf("\n%-6s %-11s %3s %2s %8s %8s %6s %6s %6s", "format", "shape", "thr", "n", "GB/s",
            "STREAM", "ratio", "min", "max");
     printf(pattern ? " %6s" : "", "pat");
-    printf(thp ? " %6s\n" : "\n", "thp");
+    printf(thp ? " %6s" : "", "thp");
+    printf(gap_us ? " %6s\n" : "\n", "gap");
     for (int fi = 0; fi < nnames; fi++) {
         fmt_case fc = {.name = names[fi]};
         int kind = 0, rows = 0, cols = 0;
@@ -242,7 +251,7 @@ int main(int argc, char **argv) {
             for (int ni = 0; ni < nns; ni++) {
                 const int n = ns[ni];
                 double r[ROUNDS_MAX], kg[ROUNDS_MAX], sg[ROUNDS_MAX + 1], pr[ROUNDS_MAX],
-                    hg[ROUNDS_MAX];
+                    hg[ROUNDS_MAX], gg[ROUNDS_MAX];
                 for (int c = 0; c < fc.copies; c++) run_once(&fc.m[c], &fc, n, pool); /* warm */
                 k3_pool_run(pool, bench_rd_task, &rj, T);
                 for (int p = 0; p <= rounds; p++) {
@@ -258,6 +267,18 @@ int main(int argc, char **argv) {
                         t0 = k3_now_s();
                         for (int c = 0; c < fc.copies; c++) run_once(&fc.mh[c], &fc, n, pool);
                         hg[p] = (double)one * fc.copies / (k3_now_s() - t0) / 1e9;
+                    }
+                    if (gap_us) {
+                        double busy = 0;
+                        for (int c = 0; c < fc.copies; c++) {
+                            const double until = k3_now_s() + gap_us * 1e-6;
+                            while (k3_now_s() < until) {
+                            }
+                            t0 = k3_now_s();
+                            run_once(&fc.m[c], &fc, n, pool);
+                            busy += k3_now_s() - t0;
+                        }
+                        gg[p] = (double)one * fc.copies / busy / 1e9;
                     }
                     if (pattern) {
                         /* the read pattern alone, over the same copies, in the
@@ -281,11 +302,12 @@ int main(int argc, char **argv) {
                         pr[p] = (double)ldp * rows * fc.copies / (k3_now_s() - t0) / 1e9;
                     }
                 }
-                double sgc[ROUNDS_MAX + 1], prr[ROUNDS_MAX], hr[ROUNDS_MAX];
+                double sgc[ROUNDS_MAX + 1], prr[ROUNDS_MAX], hr[ROUNDS_MAX], gr[ROUNDS_MAX];
                 for (int p = 0; p < rounds; p++) {
                     r[p] = kg[p] / ((sg[p] + sg[p + 1]) / 2);
                     prr[p] = pattern ? pr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     hr[p] = fc.mh ? hg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
+                    gr[p] = gap_us ? gg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                 }
                 memcpy(sgc, sg, sizeof(double) * (size_t)(rounds + 1));
                 const double smed = median(sgc, rounds + 1), kmed = median(kg, rounds);
@@ -294,6 +316,7 @@ int main(int argc, char **argv) {
                        kmed, smed, rmed, r[0], r[rounds - 1]);
                 if (pattern) printf(" %6.2f", median(prr, rounds));
                 if (fc.mh) printf(" %6.2f", median(hr, rounds));
+                if (gap_us) printf(" %6.2f", median(gr, rounds));
                 printf("\n");
                 fflush(stdout);
             }
