@@ -94,13 +94,14 @@ AVX2_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, floa
     int c = 0;
     for (; c + 16 <= cols; c += 16) {
         __m256 w[4];
-        if (T == 1) /* streaming (decode): one prefetch per row per cache line */
-            UNROLL for (int i = 0; i < R; i++) {
-                if (kind == 0)
-                    pf_next(wf + (size_t)i * cols + c, (size_t)R * cols * 4);
-                else if ((c & 63) == 0)
-                    pf_next(wq + (size_t)i * cols + c, (size_t)R * cols);
-            }
+        /* streaming (decode, n <= 4: one token tile per row block): one
+         * prefetch per row per cache line */
+        UNROLL for (int i = 0; i < R; i++) {
+            if (kind == 0)
+                pf_next(wf + (size_t)i * cols + c, (size_t)R * cols * 4);
+            else if ((c & 63) == 0)
+                pf_next(wq + (size_t)i * cols + c, (size_t)R * cols);
+        }
         UNROLL for (int i = 0; i < R; i++) w[i] = kind == 0
                                                       ? _mm256_loadu_ps(wf + (size_t)i * cols + c)
                                                       : dec_i8(wq + (size_t)i * cols + c);
@@ -161,9 +162,8 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
     UNROLL for (int h = 0; h < 2; h++) UNROLL for (int i = 0; i < R; i++)
         UNROLL for (int j = 0; j < T; j++) a[h][i][j] = _mm256_setzero_ps();
     for (int g = 0; g < ng; g += 2) {
-        if (T == 1)
-            UNROLL for (int i = 0; i < R; i++)
-                pf_next(qb + (size_t)i * ldp + (size_t)g * 32, (size_t)R * ldp);
+        UNROLL for (int i = 0; i < R; i++)
+            pf_next(qb + (size_t)i * ldp + (size_t)g * 32, (size_t)R * ldp);
         UNROLL for (int h = 0; h < 2; h++) {
             if (h == 1 && g + 1 >= ng) break; /* a lone last group: lanes 0-7 only */
             __m256i lo[4], hi[4];
@@ -210,7 +210,7 @@ AVX2_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int 
     }
     for (int g = 0; g < ng; g++) {
         __m256 w[4][4], f[4];
-        if (T == 1 && (g & 3) == 0)
+        if ((g & 3) == 0)
             UNROLL for (int i = 0; i < R; i++)
                 pf_next(pb + (size_t)i * (cols / 2) + g * 16, (size_t)R * (cols / 2));
         UNROLL for (int i = 0; i < R; i++) {

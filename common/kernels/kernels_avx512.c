@@ -125,13 +125,14 @@ Z_INL void dense_tile(int kind, const k3_qmat *m, int r, const float *x, float *
     int c = 0;
     for (; c + 16 <= cols; c += 16) {
         __m512 w[4];
-        if (T == 1) /* streaming (decode): one prefetch per row per cache line */
-            UNROLL for (int i = 0; i < R; i++) {
-                if (kind == 0)
-                    pf_next(wf + (size_t)i * cols + c, (size_t)R * cols * 4);
-                else if ((c & 63) == 0)
-                    pf_next(wq + (size_t)i * cols + c, 2 * (size_t)R * cols);
-            }
+        /* streaming (decode, n <= 4: one token tile per row block): one
+         * prefetch per row per cache line */
+        UNROLL for (int i = 0; i < R; i++) {
+            if (kind == 0)
+                pf_next(wf + (size_t)i * cols + c, (size_t)R * cols * 4);
+            else if ((c & 63) == 0)
+                pf_next(wq + (size_t)i * cols + c, 2 * (size_t)R * cols);
+        }
         UNROLL for (int i = 0; i < R; i++) w[i] = kind == 0
                                                       ? _mm512_loadu_ps(wf + (size_t)i * cols + c)
                                                       : dec_i8(wq + (size_t)i * cols + c);
@@ -176,7 +177,7 @@ Z_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R, i
         __m512 sv[4];
         UNROLL for (int i = 0; i < R; i++) {
             const uint8_t *p = qb + (size_t)i * ldp + (size_t)g * 32;
-            if (T == 1) pf_next(p, (size_t)R * ldp);
+            pf_next(p, (size_t)R * ldp);
             const __m512i w = two ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(0x00FF, p);
             dec_u8(K3_IK_I4, 0, w, _mm512_setzero_si512(), &lo[i], &hi[i]); /* no table */
             const float *s = sb + (size_t)i * ng + g;
@@ -224,7 +225,7 @@ Z_INL void mx_tile(const k3_mxfp4 *m, int r, const float *x, float *out, int R, 
         _mm512_setzero_ps();
     for (int g = 0; g < ng; g++) {
         __m512 ev[4], od[4], f[4];
-        if (T == 1 && (g & 3) == 0)
+        if ((g & 3) == 0)
             UNROLL for (int i = 0; i < R; i++)
                 pf_next(pb + (size_t)i * (cols / 2) + g * 16, (size_t)R * (cols / 2));
         UNROLL for (int i = 0; i < R; i++) {
@@ -393,7 +394,7 @@ static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0,
 /* ---- MXFP4 integer-dot, 16 rows per block ---- */
 
 #define ZI8_T        16 /* tokens per tile (accumulators in registers) */
-#define ZI8_MIN_N    3  /* below: zv_tile is faster for MXFP4 and int4 */
+#define ZI8_MIN_N    4  /* below: zv_tile (n = 3 as 2 + 1 tokens) is faster for MXFP4 and int4 */
 #define ZI8_MIN_N_I8 2  /* int8 below: the 8-row ymm kernel (this one is 1.39x faster at n = 2) */
 
 /* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
@@ -718,7 +719,7 @@ static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, 
     return r16;
 }
 
-/* ---- integer-dot for n = 1, 2: 16 rows, rows through the reduction ----
+/* ---- integer-dot for n = 1..3: 16 rows, rows through the reduction ----
  *
  * MX and I4 only (the nibble kinds; I8 keeps the 8-row ymm kernel). One zmm
  * load is 64 bytes of a row: 4 groups, one per 128-bit lane. Both nibble
@@ -733,7 +734,7 @@ static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, 
  * part then runs per group in order, as in zk_tile. Per 64 bytes of a row:
  * 3 decode + 2 dot instructions, and 4 of reduction. */
 
-#define ZV_MAX_N 2 /* tokens per call (ZI8_MIN_N - 1) */
+#define ZV_MAX_N 2 /* tokens per tile call; zv_rows runs n = 3 as 2 + 1 */
 
 /* 64 bytes of 4 rows (p, p + ld, p + 2 ld, p + ld3) and a prefetch of the
  * same bytes at pf (the next block). One asm block, so that the compiler
@@ -877,7 +878,9 @@ static Z_FN void zv_prep(const int8_t *q, int n, int cols, int bias, int8_t *qa,
         }
 }
 
-/* Rows [r0, r16) of n <= ZV_MAX_N tokens in blocks of 16; returns r16. */
+/* Rows [r0, r16) of n < ZI8_MIN_N tokens in blocks of 16, each block's
+ * tokens in tile calls of <= ZV_MAX_N (the block's weights, 16 rows, stay
+ * in L2 for the second call); returns r16. */
 static int zv_rows(int kind, const void *mat, const int8_t *xq, const float *xs, int n, float *y,
                    int r0, int r1) {
     const k3_ik_view v = k3_ik_view_of(kind, mat);
@@ -894,8 +897,12 @@ static int zv_rows(int kind, const void *mat, const int8_t *xq, const float *xs,
         int32_t *cv = (int32_t *)(qa + (size_t)tn * nb * 128);
         zv_prep(xq + (size_t)t0 * v.cols, tn, v.cols, zk_bias[kind], qa, cv);
         for (int r = r0; r < r16; r += 16)
-            zv_fns[kind][vbmi][tn - 1](mat, r, qa, cv, xs + (size_t)t0 * ng, ng, eh,
-                                       y + (size_t)t0 * v.rows + r);
+            for (int t = 0; t < tn; t += ZV_MAX_N) {
+                const int tt = tn - t < ZV_MAX_N ? tn - t : ZV_MAX_N;
+                zv_fns[kind][vbmi][tt - 1](mat, r, qa + (size_t)t * nb * 128,
+                                           cv + (size_t)t * nb * 16, xs + (size_t)(t0 + t) * ng, ng,
+                                           eh, y + (size_t)(t0 + t) * v.rows + r);
+            }
     }
     return r16;
 }

@@ -61,38 +61,16 @@ static k3_pool *g_pool2;
 
 /* ---- STREAM-like read ---- */
 
-typedef struct {
-    const uint8_t *buf;
-    size_t bytes;
-    int parts;
-    uint64_t sink[8 * 8];
-} rd_job;
-
-__attribute__((target("avx2"))) static void rd_task(void *ctx, int task) {
-    rd_job *j = ctx;
-    size_t per = j->bytes / (size_t)j->parts / 128 * 128;
-    const uint8_t *p = j->buf + per * (size_t)task;
-    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
-    for (size_t i = 0; i < per; i += 128) {
-        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + i)));
-        b = _mm256_add_epi64(b, _mm256_load_si256((const __m256i *)(p + i + 32)));
-        c = _mm256_add_epi64(c, _mm256_load_si256((const __m256i *)(p + i + 64)));
-        d = _mm256_add_epi64(d, _mm256_load_si256((const __m256i *)(p + i + 96)));
-    }
-    a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
-    j->sink[task * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
-}
-
 /* Sustained: the best of 4 whole passes over the buffer (far larger than
  * L3). Kernels from RAM are timed the same way (time_kernel). */
 static double stream_read(int threads, const uint8_t *buf, size_t bytes) {
-    rd_job j = {.buf = buf, .bytes = bytes, .parts = threads};
+    bench_rd_job j = {.buf = buf, .bytes = bytes, .parts = threads};
     k3_pool *pool = threads == 1 ? NULL : g_pool2;
-    k3_pool_run(pool, rd_task, &j, threads); /* warm */
+    k3_pool_run(pool, bench_rd_task, &j, threads); /* warm */
     double best = 0;
     for (int rep = 0; rep < 4; rep++) {
         double t0 = k3_now_s();
-        k3_pool_run(pool, rd_task, &j, threads);
+        k3_pool_run(pool, bench_rd_task, &j, threads);
         double gbs = (double)(bytes / (size_t)threads / 128 * 128 * (size_t)threads) /
                      (k3_now_s() - t0) / 1e9;
         best = gbs > best ? gbs : best;
@@ -321,11 +299,11 @@ static void paired(const kshape *s, kweights *kw, int copies, const kio *io, con
                    size_t sbytes) {
     for (int thr = 1; thr <= 2; thr++) {
         k3_pool *pool = thr == 1 ? NULL : g_pool2;
-        rd_job j = {.buf = sbuf, .bytes = sbytes, .parts = thr};
+        bench_rd_job j = {.buf = sbuf, .bytes = sbytes, .parts = thr};
         double r[PAIRS], prev = 0;
         for (int p = 0; p <= PAIRS; p++) {
             double t0 = k3_now_s();
-            k3_pool_run(pool, rd_task, &j, thr);
+            k3_pool_run(pool, bench_rd_task, &j, thr);
             const double sgbs = (double)sbytes / (k3_now_s() - t0) / 1e9;
             if (p > 0) r[p - 1] = r[p - 1] / ((sgbs + prev) / 2);
             prev = sgbs;
@@ -392,8 +370,8 @@ int main(int argc, char **argv) {
     {
         double t0 = k3_now_s();
         int runs = 20000;
-        rd_job j = {.buf = NULL, .bytes = 0, .parts = 2};
-        for (int i = 0; i < runs; i++) k3_pool_run(g_pool2, rd_task, &j, 2);
+        bench_rd_job j = {.buf = NULL, .bytes = 0, .parts = 2};
+        for (int i = 0; i < runs; i++) k3_pool_run(g_pool2, bench_rd_task, &j, 2);
         printf("# pool: an empty 2-thread k3_pool_run costs %.2f us\n",
                (k3_now_s() - t0) / runs * 1e6);
     }

@@ -6,10 +6,12 @@
 #ifndef K3_BENCH_UTIL_H
 #define K3_BENCH_UTIL_H
 
+#include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/kernels/kernels.h"
 
@@ -49,13 +51,20 @@ static inline int bench_kernel_shape(const char *k, int *kind, int *rows, int *c
     return 0;
 }
 
+/* Set: bench_alloc asks for transparent huge pages (2 MB aligned blocks,
+ * madvise(MADV_HUGEPAGE) before the first touch). */
+static int bench_thp = 0;
+
 /* 64-byte aligned, size rounded up; exits on OOM */
 static inline void *bench_alloc(size_t bytes) {
-    void *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    const size_t align = bench_thp ? (2u << 20) : 64;
+    const size_t sz = (bytes + align - 1) / align * align;
+    void *p = aligned_alloc(align, sz);
     if (!p) {
         fprintf(stderr, "bench: out of memory (%zu bytes)\n", bytes);
         exit(1);
     }
+    if (bench_thp) madvise(p, sz, MADV_HUGEPAGE);
     return p;
 }
 
@@ -110,6 +119,32 @@ static inline float *bench_make_x(int n, int cols) {
     for (size_t i = 0; i < (size_t)n * cols; i++)
         x[i] = (float)((int)(bench_rnd() % 2001) - 1000) / 1e3f;
     return x;
+}
+
+/* A STREAM-like read: pool task `task` of `parts` sums its contiguous share
+ * of buf (whole 128-byte steps) with 4 independent 256-bit chains. The
+ * denominator of bench_kernels and bench_kernels_threads. */
+#define BENCH_RD_MAX_PARTS 64
+typedef struct bench_rd_job {
+    const uint8_t *buf;
+    size_t bytes;
+    int parts; /* <= BENCH_RD_MAX_PARTS */
+    uint64_t sink[BENCH_RD_MAX_PARTS * 8];
+} bench_rd_job;
+
+__attribute__((target("avx2"))) static inline void bench_rd_task(void *ctx, int task) {
+    bench_rd_job *j = ctx;
+    size_t per = j->bytes / (size_t)j->parts / 128 * 128;
+    const uint8_t *p = j->buf + per * (size_t)task;
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    for (size_t i = 0; i < per; i += 128) {
+        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + i)));
+        b = _mm256_add_epi64(b, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        c = _mm256_add_epi64(c, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        d = _mm256_add_epi64(d, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
+    j->sink[(task % BENCH_RD_MAX_PARTS) * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
 }
 
 #endif

@@ -1,0 +1,334 @@
+/* tests/bench/bench_kernels_threads.c: decode mat-vec from RAM per thread
+ * count, each figure paired with STREAM of the same thread count in the
+ * same process (issue 21). Not a test: prints a table, asserts nothing.
+ *
+ * For every thread count T (1, 2, then every count up to the CPUs online, or
+ * --threads LIST) and every n (1..4, or --n LIST), ROUNDS alternations of
+ *   one STREAM pass: T threads, each reading its contiguous 1/T of a buffer
+ *     far larger than L3 (STREAM_BYTES);
+ *   one kernel pass: every copy of the matrix once (the copies together far
+ *     larger than L3, so the weights come from RAM, as in decode),
+ * each kernel pass divided by the mean of the STREAM passes just before and
+ * just after it. The median of those ratios is the figure to judge by: this
+ * VM is shared and its bandwidth drifts by tens of percent within a minute,
+ * while both sides of a pair see the same seconds. GB/s columns are the
+ * medians of the passes themselves, for scale only.
+ *
+ * Formats (names as bench_util.h's): mxi8 (MXFP4 integer-dot, the expert
+ * default), int8 / int4 (float activations, the dense default), int8i /
+ * int4i (--dense-idot). K3_ISA picks the level as everywhere.
+ *
+ * Usage: bench_kernels_threads [--quick] [--threads 1,2,4] [--n 1,2]
+ *        [--rounds R] [--pattern] [--thp] [--gap US] [FORMAT...]
+ *   --thp     a second set of the copies, madvise(MADV_HUGEPAGE)d (transparent
+ *             huge pages are "madvise" on many systems, so a plain malloc
+ *             gets 4 KB pages), timed in the same rounds: column "thp" is its
+ *             pass against the same STREAM neighbours
+ *   --gap US  also a pass whose calls are US microseconds apart (the caller
+ *             spins in between; only the calls are timed), as in a decode
+ *             step with single-threaded work between matmuls: past the
+ *             pool's spin (50 us) the workers sleep, and column "gap" shows
+ *             what waking them costs
+ *   --pattern also time, paired the same way, a read-only pass over the
+ *             copies in the kernel's own row-task split (threads, tasks,
+ *             16-row tiles, the next tile prefetched), to separate the
+ *             access pattern from the kernel's compute
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/base/log.h"
+#include "common/base/pool.h"
+#include "common/kernels/kernels.h"
+#include "tests/bench/bench_util.h"
+
+#define MAX_LIST 64
+
+/* The kernel's pattern, read only: rows [r0, r1) of ldp bytes in tiles of
+ * 16 rows, 64 bytes of each row per step, the next tile's same line
+ * prefetched (prefetcht1), as the n = 1 integer-dot tiles walk them. */
+typedef struct {
+    const uint8_t *w;
+    size_t ldp;
+    int rows, per_task;
+    uint64_t sink[MAX_LIST * 8];
+} pat_job;
+
+__attribute__((target("avx2"))) static void pat_task(void *ctx, int task) {
+    pat_job *j = ctx;
+    const int r0 = task * j->per_task;
+    const int r1 = r0 + j->per_task < j->rows ? r0 + j->per_task : j->rows;
+    __m256i a = _mm256_setzero_si256();
+    for (int r = r0; r + 16 <= r1; r += 16) {
+        const uint8_t *t = j->w + (size_t)r * j->ldp;
+        for (size_t c = 0; c < j->ldp; c += 64)
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *p = t + (size_t)i * j->ldp + c;
+                _mm_prefetch((const char *)(p + 16 * j->ldp), _MM_HINT_T1);
+                a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)p));
+                a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + 32)));
+            }
+    }
+    j->sink[(task % MAX_LIST) * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
+}
+
+typedef struct {
+    const char *name;
+    int copies;
+    bench_mat *m;  /* [copies] */
+    bench_mat *mh; /* [copies] on huge pages (--thp), or NULL */
+    int8_t *xq;    /* [4][cols] */
+    float *xs, *x, *y;
+} fmt_case;
+
+/* bench_make_mat's matrix, on huge pages if thp */
+static void make_mat(const char *name, int rows, int cols, bench_mat *m, int thp) {
+    bench_thp = thp;
+    bench_make_mat(name, rows, cols, m);
+    bench_thp = 0;
+}
+
+static void mats_free(bench_mat *ms, int copies) {
+    for (int c = 0; ms && c < copies; c++) {
+        bench_mat *m = &ms[c];
+        if (m->kind != BENCH_DENSE)
+            free((void *)m->mx.packed);
+        else {
+            free(m->qm.q8);
+            free(m->qm.q4);
+            free(m->qm.scales);
+        }
+    }
+    free(ms);
+}
+
+/* AnonHugePages of /proc/meminfo in kB (0 if unreadable) */
+static long anon_huge_kb(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+static void run_once(const bench_mat *m, const fmt_case *fc, int n, k3_pool *pool) {
+    if (m->kind == BENCH_MXI8)
+        k3_mxfp4_matmul_i8_mt(&m->mx, fc->xq, fc->xs, n, fc->y, pool);
+    else
+        k3_qmat_matmul(&m->qm, fc->x, n, fc->y, pool);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int k) {
+    qsort(v, (size_t)k, sizeof *v, cmp_double);
+    return k % 2 ? v[k / 2] : (v[k / 2 - 1] + v[k / 2]) / 2;
+}
+
+static int parse_list(const char *s, int *out, int maxv) {
+    int k = 0;
+    while (*s && k < MAX_LIST) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > maxv) {
+            fprintf(stderr, "bench_kernels_threads: bad list entry in '%s' (1..%d)\n", s, maxv);
+            exit(2);
+        }
+        out[k++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+    }
+    return k;
+}
+
+#define ROUNDS_MAX 64
+
+int main(int argc, char **argv) {
+    int quick = 0, rounds = 9, thp = 0, pattern = 0, gap_us = 0;
+    int threads[MAX_LIST], nthreads = 0, ns[MAX_LIST] = {1, 2, 3, 4}, nns = 4;
+    const char *names[8];
+    int nnames = 0;
+    const int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[a], "--thp"))
+            thp = 1;
+        else if (!strcmp(argv[a], "--pattern"))
+            pattern = 1;
+        else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
+            nthreads = parse_list(argv[++a], threads, BENCH_RD_MAX_PARTS);
+        else if (!strcmp(argv[a], "--n") && a + 1 < argc)
+            nns = parse_list(argv[++a], ns, 4);
+        else if (!strcmp(argv[a], "--gap") && a + 1 < argc)
+            parse_list(argv[++a], &gap_us, 1000000);
+        else if (!strcmp(argv[a], "--rounds") && a + 1 < argc)
+            parse_list(argv[++a], &rounds, ROUNDS_MAX);
+        else if (argv[a][0] != '-' && nnames < 8) {
+            int kind, r, c;
+            if (bench_kernel_shape(argv[a], &kind, &r, &c) || kind == BENCH_MXF32) {
+                fprintf(stderr,
+                        "bench_kernels_threads: unknown format '%s' (mxi8, int8, int8i, "
+                        "int4, int4i)\n",
+                        argv[a]);
+                return 2;
+            }
+            names[nnames++] = argv[a];
+        } else {
+            fprintf(
+                stderr,
+                "usage: bench_kernels_threads [--quick] [--threads 1,2,..] [--n 1,..,4] "
+                "[--rounds R] [--thp] [--pattern] [--gap US] [mxi8|int8|int8i|int4|int4i ...]\n");
+            return 2;
+        }
+    }
+    if (!nthreads) {
+        threads[nthreads++] = 1;
+        for (int t = 2; t <= cpus && nthreads < MAX_LIST; t++) threads[nthreads++] = t;
+    }
+    if (!nnames) {
+        static const char *all[] = {"mxi8", "int8", "int8i", "int4", "int4i"};
+        for (int i = 0; i < 5; i++) names[nnames++] = all[i];
+    }
+    if (quick && rounds > 5) rounds = 5;
+    const size_t ram_target = quick ? (192u << 20) : (512u << 20); /* L3 here is 32 MB */
+    const size_t sbytes = quick ? (256u << 20) : (512u << 20);
+
+    printf("# k3shard decode threads: isa %s, %d cpus online, %d rounds per figure\n",
+           k3_isa_name(k3_isa_active()), cpus, rounds);
+    printf("# ratio = kernel pass GB/s / mean of the STREAM passes (same thread count) just "
+           "before and after it; median [min, max] over the rounds\n");
+    uint8_t *sbuf = bench_alloc(sbytes);
+    memset(sbuf, 1, sbytes);
+
+    printf("\n%-6s %-11s %3s %2s %8s %8s %6s %6s %6s", "format", "shape", "thr", "n", "GB/s",
+           "STREAM", "ratio", "min", "max");
+    printf(pattern ? " %6s" : "", "pat");
+    printf(thp ? " %6s" : "", "thp");
+    printf(gap_us ? " %6s\n" : "\n", "gap");
+    for (int fi = 0; fi < nnames; fi++) {
+        fmt_case fc = {.name = names[fi]};
+        int kind = 0, rows = 0, cols = 0;
+        bench_kernel_shape(fc.name, &kind, &rows, &cols);
+        bench_mat *probe = calloc(1, sizeof *probe);
+        make_mat(fc.name, 16, cols, probe, 0);
+        const size_t one = probe->bytes / 16 * (size_t)rows;
+        mats_free(probe, 1);
+        fc.copies = (int)((ram_target + one - 1) / one);
+        fc.m = calloc((size_t)fc.copies, sizeof *fc.m);
+        for (int c = 0; c < fc.copies; c++) make_mat(fc.name, rows, cols, &fc.m[c], 0);
+        if (thp) {
+            const long before = anon_huge_kb();
+            fc.mh = calloc((size_t)fc.copies, sizeof *fc.mh);
+            for (int c = 0; c < fc.copies; c++) make_mat(fc.name, rows, cols, &fc.mh[c], 1);
+            printf("# %s: %d copies of %.1f MB; the huge-page set got %.0f MB of huge pages\n",
+                   fc.name, fc.copies, one / 1e6, (anon_huge_kb() - before) / 1e3);
+        }
+        fc.x = bench_make_x(4, cols);
+        fc.xq = bench_alloc((size_t)4 * cols);
+        fc.xs = bench_alloc(sizeof(float) * 4 * (size_t)cols / 32);
+        k3_act_quant_q8(fc.x, 4, cols, fc.xq, fc.xs);
+        fc.y = bench_alloc(sizeof(float) * 4 * (size_t)rows);
+        char shape[32];
+        snprintf(shape, sizeof shape, "%dx%d", rows, cols);
+        for (int ti = 0; ti < nthreads; ti++) {
+            const int T = threads[ti];
+            k3_pool *pool = NULL;
+            char err[256];
+            if (T > 1 && k3_pool_open(&pool, T, err, sizeof err) != K3_OK) {
+                fprintf(stderr, "bench_kernels_threads: %s\n", err);
+                return 1;
+            }
+            bench_rd_job rj = {.buf = sbuf, .bytes = sbytes, .parts = T};
+            for (int ni = 0; ni < nns; ni++) {
+                const int n = ns[ni];
+                double r[ROUNDS_MAX], kg[ROUNDS_MAX], sg[ROUNDS_MAX + 1], pr[ROUNDS_MAX],
+                    hg[ROUNDS_MAX], gg[ROUNDS_MAX];
+                for (int c = 0; c < fc.copies; c++) run_once(&fc.m[c], &fc, n, pool); /* warm */
+                k3_pool_run(pool, bench_rd_task, &rj, T);
+                for (int p = 0; p <= rounds; p++) {
+                    double t0 = k3_now_s();
+                    k3_pool_run(pool, bench_rd_task, &rj, T);
+                    sg[p] = (double)(sbytes / (size_t)T / 128 * 128 * (size_t)T) /
+                            (k3_now_s() - t0) / 1e9;
+                    if (p == rounds) break;
+                    t0 = k3_now_s();
+                    for (int c = 0; c < fc.copies; c++) run_once(&fc.m[c], &fc, n, pool);
+                    kg[p] = (double)one * fc.copies / (k3_now_s() - t0) / 1e9;
+                    if (fc.mh) {
+                        t0 = k3_now_s();
+                        for (int c = 0; c < fc.copies; c++) run_once(&fc.mh[c], &fc, n, pool);
+                        hg[p] = (double)one * fc.copies / (k3_now_s() - t0) / 1e9;
+                    }
+                    if (gap_us) {
+                        double busy = 0;
+                        for (int c = 0; c < fc.copies; c++) {
+                            const double until = k3_now_s() + gap_us * 1e-6;
+                            while (k3_now_s() < until) {
+                            }
+                            t0 = k3_now_s();
+                            run_once(&fc.m[c], &fc, n, pool);
+                            busy += k3_now_s() - t0;
+                        }
+                        gg[p] = (double)one * fc.copies / busy / 1e9;
+                    }
+                    if (pattern) {
+                        /* the read pattern alone, over the same copies, in the
+                         * library's split (mm_run: 2 tasks per thread) */
+                        const size_t ldp = kind == BENCH_MXI8              ? (size_t)cols / 2
+                                           : fc.m[0].qm.fmt == K3_QF_I4G64 ? (size_t)cols / 2
+                                                                           : (size_t)cols;
+                        const int tasks = T == 1 ? 1 : 2 * T;
+                        const int per = ((rows + 15) / 16 + tasks - 1) / tasks * 16;
+                        t0 = k3_now_s();
+                        for (int c = 0; c < fc.copies; c++) {
+                            pat_job pj = {.w = kind == BENCH_MXI8 ? fc.m[c].mx.packed
+                                               : fc.m[c].qm.fmt == K3_QF_I4G64
+                                                   ? fc.m[c].qm.q4
+                                                   : (const uint8_t *)fc.m[c].qm.q8,
+                                          .ldp = ldp,
+                                          .rows = rows,
+                                          .per_task = per};
+                            k3_pool_run(pool, pat_task, &pj, (rows + per - 1) / per);
+                        }
+                        pr[p] = (double)ldp * rows * fc.copies / (k3_now_s() - t0) / 1e9;
+                    }
+                }
+                double sgc[ROUNDS_MAX + 1], prr[ROUNDS_MAX], hr[ROUNDS_MAX], gr[ROUNDS_MAX];
+                for (int p = 0; p < rounds; p++) {
+                    r[p] = kg[p] / ((sg[p] + sg[p + 1]) / 2);
+                    prr[p] = pattern ? pr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
+                    hr[p] = fc.mh ? hg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
+                    gr[p] = gap_us ? gg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
+                }
+                memcpy(sgc, sg, sizeof(double) * (size_t)(rounds + 1));
+                const double smed = median(sgc, rounds + 1), kmed = median(kg, rounds);
+                const double rmed = median(r, rounds);
+                printf("%-6s %-11s %3d %2d %8.1f %8.1f %6.2f %6.2f %6.2f", fc.name, shape, T, n,
+                       kmed, smed, rmed, r[0], r[rounds - 1]);
+                if (pattern) printf(" %6.2f", median(prr, rounds));
+                if (fc.mh) printf(" %6.2f", median(hr, rounds));
+                if (gap_us) printf(" %6.2f", median(gr, rounds));
+                printf("\n");
+                fflush(stdout);
+            }
+            k3_pool_close(&pool);
+        }
+        mats_free(fc.m, fc.copies);
+        mats_free(fc.mh, fc.copies);
+        free(fc.x);
+        free(fc.xq);
+        free(fc.xs);
+        free(fc.y);
+    }
+    free(sbuf);
+    return 0;
+}
