@@ -75,14 +75,15 @@ ok_n=0 err_n=0 rss=0 worst=0 pre=0 dec=0 missed=0 i=0
 while [ $((pre + dec)) -lt "$TRIALS" ] && [ $missed -lt "$TRIALS" ]; do
     i=$((i + 1))
     r=$(rnd $((SEED * 1000 + i)))
-    # odd trials aim at the prefill (~the first 250 ms), even ones at the decode
+    # odd trials aim at the prefill (~the first 500 ms), even ones at the decode
     at=$(awk -v r="$r" -v b="$BASE" -v i="$i" \
-        'BEGIN { printf "%d", (i % 2) ? 40 + r * 200 : 300 + r * (0.6 * b - 300) }')
+        'BEGIN { printf "%d", (i % 2) ? 10 + r * 110 : 300 + r * (0.6 * b - 300) }')
+    # everything random is drawn before the run: the kill is not late by a python start
+    pick=$(awk -v r="$(rnd $((SEED * 7777 + i)))" 'BEGIN { print (r < 0.5) ? 1 : 2 }')
     gen_bg "$T/k$i.out" "$T/k$i.err" --local 2 --ngen 24
     for _ in $(seq 400); do grep -q 'stage 1:' "$T/k$i.err" && break; sleep 0.01; done
     start=$(ms_now)
     sleep "$(awk -v a="$at" 'BEGIN { print a / 1000 }')"
-    pick=$(awk -v r="$(rnd $((SEED * 7777 + i)))" 'BEGIN { print (r < 0.5) ? 1 : 2 }')
     victim=$(grep -o "started local worker $((pick - 1)) (pid [0-9]*" "$T/k$i.err" | grep -o '[0-9]*$')
     phase=prefill # until the last prefill chunk (n/n) was reported
     grep -q 'prefill: chunk \([0-9]*\)/\1,' "$T/k$i.err" && phase=decode
