@@ -358,9 +358,8 @@ k3_status k3_place_stripe_dirs(k3_engine_opts *eng, char *err, size_t errlen) {
 
 /* ---- the plan file (k3-coordinator plan's format) ---- */
 
-/* Drive paths and shares from a plan; checks its format and model. */
-static k3_status read_plan(const char *path, uint64_t fp, char ***paths, double *w, int *n,
-                           char *err, size_t errlen) {
+k3_status k3_place_read_plan(const char *path, uint64_t fp, char ***paths, double *w, int *n,
+                             char *err, size_t errlen) {
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root)
@@ -532,7 +531,8 @@ int cmd_place(int argc, char **argv) {
     int n = o.drives.n;
     for (int d = 0; d < K3_MAX_DIRS; d++) w[d] = 1.0;
     if (o.plan) {
-        if ((st = read_plan(o.plan, fp, &plan_paths, w, &n_plan, err, sizeof err))) goto fail;
+        if ((st = k3_place_read_plan(o.plan, fp, &plan_paths, w, &n_plan, err, sizeof err)))
+            goto fail;
         if (o.drives.n && o.drives.n != n_plan) {
             st =
                 k3_errf(K3_ERR_ARG, err, sizeof err, "--drives lists %d drives, the plan %s has %d",

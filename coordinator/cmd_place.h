@@ -16,6 +16,8 @@
 #ifndef K3_CMD_PLACE_H
 #define K3_CMD_PLACE_H
 
+#include <stdint.h>
+
 #include "common/base/err.h"
 
 typedef struct k3_place_req {
@@ -41,6 +43,13 @@ k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen);
  * (owned by eng). Refused without --dirs or with --placement. */
 struct k3_engine_opts;
 k3_status k3_place_stripe_dirs(struct k3_engine_opts *eng, char *err, size_t errlen);
+
+/* Drive paths (*paths[*n], malloc'd each and the array; the caller frees)
+ * and shares (w[K3_MAX_DIRS]) from a plan file (k3-coordinator plan's
+ * format); checks its format, version and, when it names one, that its
+ * model fingerprint is fp. */
+k3_status k3_place_read_plan(const char *path, uint64_t fp, char ***paths, double *w, int *n,
+                             char *err, size_t errlen);
 
 int cmd_place(int argc, char **argv);
 
