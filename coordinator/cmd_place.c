@@ -293,7 +293,7 @@ k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen) {
     if (st == K3_OK) st = k3_placement_build(&p, &in, err, errlen);
     free(usage);
     st_index *idx = NULL;
-    st_open_opts so = {req->model, NULL, 0};
+    st_open_opts so = {req->model, req->shard_dirs, req->n_shard_dirs};
     if (st == K3_OK) st = st_open(&idx, &so, err, errlen);
     prange *r = NULL;
     int n = 0;
@@ -416,7 +416,7 @@ k3_status k3_place_read_plan(const char *path, uint64_t fp, char ***paths, doubl
 
 typedef struct place_opts {
     char *model, *plan, *out, *usage;
-    k3_opt_list drives, weights;
+    k3_opt_list drives, weights, dirs;
     int copy, help;
     double topp;
 } place_opts;
@@ -443,6 +443,13 @@ static const k3_opt place_table[] = {
      .max = K3_MAX_DIRS,
      .metavar = "D1,D2",
      .help = "drive directories (with --plan: replace its paths, in order)"},
+    {.name = "dirs",
+     .flag = "--dirs",
+     .type = K3_OPT_LIST,
+     .offset = PO(dirs),
+     .max = K3_MAX_DIRS,
+     .metavar = "S1,S2",
+     .help = "extra shard directories of --model (as the programs' --dirs)"},
     {.name = "weights",
      .flag = "--weights",
      .type = K3_OPT_LIST,
@@ -568,6 +575,8 @@ int cmd_place(int argc, char **argv) {
     else
         snprintf(usage, sizeof usage, "%s", o.usage);
     k3_place_req req = {.model = o.model,
+                        .shard_dirs = (const char *const *)o.dirs.items,
+                        .n_shard_dirs = o.dirs.n,
                         .drives = drives,
                         .n_drives = n,
                         .weight = w,

@@ -21,7 +21,10 @@
 #include "common/base/err.h"
 
 typedef struct k3_place_req {
-    const char *model;         /* checkpoint directory */
+    const char *model;             /* checkpoint directory */
+    const char *const *shard_dirs; /* [n_shard_dirs] extra shard directories of model (the
+                                      engine's --dirs), NULL = none */
+    int n_shard_dirs;
     const char *const *drives; /* [n_drives] directories (created when missing) */
     int n_drives;
     const double *weight; /* [n_drives] shares or speeds, NULL = equal */
