@@ -2,7 +2,7 @@
  * over drives (docs/CLUSTER.md "Expert striping").
  *
  *   k3-coordinator place --model DIR [--plan PLAN.json] [--drives D1,D2,...]
- *                        [--weights W1,W2,...] [--out FILE] [--copy]
+ *                        [--weights W1,W2,...] [--dirs S1,S2,...] [--out FILE] [--copy]
  *
  * Builds a placement (common/experts/placement.h) from the drives' shares
  * (a plan file's "share", or --weights, or equal) and the usage history,
