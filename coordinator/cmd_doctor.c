@@ -13,9 +13,11 @@
 #include "common/base/limits.h"
 #include "common/base/log.h"
 #include "common/base/opts.h"
+#include "common/ckpt/config.h"
 #include "common/ckpt/container.h"
 #include "common/engine/model.h"
 #include "common/text/tokenizer.h"
+#include "coordinator/doctor_workers.h"
 #include "coordinator/drives.h"
 #include "coordinator/model_info.h"
 
@@ -39,7 +41,8 @@ static const k3_opt doctor_table[] = {
      .offset = O(workers),
      .max = 64,
      .metavar = "tcp://H:P,..",
-     .help = "worker endpoints (their build and protocol versions: not checked yet)"},
+     .help = "worker endpoints: one HELLO each reports its protocol version, build and layers "
+             "(run before the coordinator starts: the probe registers with the worker)"},
     {.name = "deep",
      .flag = "--deep",
      .type = K3_OPT_BOOL,
@@ -317,6 +320,50 @@ static void check_drives(report *r, const doctor_cli *c, const k3_model_info *mi
     }
 }
 
+/* One HELLO per worker (doctor_workers.h). */
+static void check_workers(report *r, const doctor_cli *c) {
+    if (!c->workers.n) return;
+    k3_config cfg;
+    uint64_t fp = 0;
+    char err[1024];
+    if (k3_config_load(&cfg, c->model, 0, err, sizeof err) ||
+        k3_model_fingerprint_dir(c->model, &cfg, 0, &fp, err, sizeof err)) {
+        line(r, 0, "workers", "fix the model first (the lines above)",
+             "cannot probe: no model fingerprint: %s", err);
+        return;
+    }
+    for (int i = 0; i < c->workers.n; i++) {
+        const char *ep = c->workers.items[i];
+        k3_worker_probe pr;
+        k3_status st = k3_probe_worker(ep, fp, 3000, &pr, err, sizeof err);
+        if (st) {
+            line(r, 0, "worker",
+                 st == K3_ERR_TIMEOUT ? "start the worker (k3-worker --listen EP ...), or check "
+                                        "the endpoint and the firewall"
+                                      : "use the endpoint the worker listens on",
+                 "%s", err);
+        } else if (pr.ver_major != PROTO_VERSION_MAJOR) {
+            line(r, 0, "worker", "run the same k3shard release on the coordinator and workers",
+                 "%s: protocol %u.%u, this coordinator speaks %d.%d", ep, pr.ver_major,
+                 pr.ver_minor, PROTO_VERSION_MAJOR, PROTO_VERSION_MINOR);
+        } else if (pr.accepted) {
+            line(r, 1, "worker", NULL,
+                 "%s: %s, build '%s', protocol %u.%u, layers %u-%u, %.2f GB/s", ep, pr.hello.name,
+                 pr.hello.build, pr.ver_major, pr.ver_minor, pr.hello.layers[0],
+                 pr.hello.layers[1] - 1, pr.hello.read_gbps);
+        } else if (strstr(pr.refusal, "fingerprint")) {
+            line(r, 0, "worker", "start the worker with this --model (and the same K3_TOPP)",
+                 "%s: protocol %u.%u, refused this model: %s", ep, pr.ver_major, pr.ver_minor,
+                 pr.refusal);
+        } else {
+            line(r, 1, "worker", NULL,
+                 "%s: protocol %u.%u, same model; its settings differ from the defaults (%s): "
+                 "start the coordinator with the worker's",
+                 ep, pr.ver_major, pr.ver_minor, pr.refusal);
+        }
+    }
+}
+
 int cmd_doctor(int argc, char **argv) {
     doctor_cli c;
     memset(&c, 0, sizeof c);
@@ -346,11 +393,7 @@ int cmd_doctor(int argc, char **argv) {
     check_tokenizer(&r, &c);
     check_host(&r, &mi, have_mi, have_mi ? mi.n_shards : 128);
     check_drives(&r, &c, &mi, have_mi);
-    if (c.workers.n)
-        line(&r, -1, "workers", NULL,
-             "%d endpoint%s given: their build and protocol versions are checked at HELLO when "
-             "the coordinator starts (not by doctor yet)",
-             c.workers.n, c.workers.n == 1 ? "" : "s");
+    check_workers(&r, &c);
     printf("doctor: %d passed, %d failed\n", r.passes, r.fails);
     rc = r.fails ? 1 : 0;
 out:

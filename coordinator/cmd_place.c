@@ -293,7 +293,7 @@ k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen) {
     if (st == K3_OK) st = k3_placement_build(&p, &in, err, errlen);
     free(usage);
     st_index *idx = NULL;
-    st_open_opts so = {req->model, NULL, 0};
+    st_open_opts so = {req->model, req->shard_dirs, req->n_shard_dirs};
     if (st == K3_OK) st = st_open(&idx, &so, err, errlen);
     prange *r = NULL;
     int n = 0;
@@ -358,9 +358,8 @@ k3_status k3_place_stripe_dirs(k3_engine_opts *eng, char *err, size_t errlen) {
 
 /* ---- the plan file (k3-coordinator plan's format) ---- */
 
-/* Drive paths and shares from a plan; checks its format and model. */
-static k3_status read_plan(const char *path, uint64_t fp, char ***paths, double *w, int *n,
-                           char *err, size_t errlen) {
+k3_status k3_place_read_plan(const char *path, uint64_t fp, char ***paths, double *w, int *n,
+                             char *err, size_t errlen) {
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root)
@@ -417,7 +416,7 @@ static k3_status read_plan(const char *path, uint64_t fp, char ***paths, double 
 
 typedef struct place_opts {
     char *model, *plan, *out, *usage;
-    k3_opt_list drives, weights;
+    k3_opt_list drives, weights, dirs;
     int copy, help;
     double topp;
 } place_opts;
@@ -444,6 +443,13 @@ static const k3_opt place_table[] = {
      .max = K3_MAX_DIRS,
      .metavar = "D1,D2",
      .help = "drive directories (with --plan: replace its paths, in order)"},
+    {.name = "dirs",
+     .flag = "--dirs",
+     .type = K3_OPT_LIST,
+     .offset = PO(dirs),
+     .max = K3_MAX_DIRS,
+     .metavar = "S1,S2",
+     .help = "extra shard directories of --model (as the programs' --dirs)"},
     {.name = "weights",
      .flag = "--weights",
      .type = K3_OPT_LIST,
@@ -532,7 +538,8 @@ int cmd_place(int argc, char **argv) {
     int n = o.drives.n;
     for (int d = 0; d < K3_MAX_DIRS; d++) w[d] = 1.0;
     if (o.plan) {
-        if ((st = read_plan(o.plan, fp, &plan_paths, w, &n_plan, err, sizeof err))) goto fail;
+        if ((st = k3_place_read_plan(o.plan, fp, &plan_paths, w, &n_plan, err, sizeof err)))
+            goto fail;
         if (o.drives.n && o.drives.n != n_plan) {
             st =
                 k3_errf(K3_ERR_ARG, err, sizeof err, "--drives lists %d drives, the plan %s has %d",
@@ -568,6 +575,8 @@ int cmd_place(int argc, char **argv) {
     else
         snprintf(usage, sizeof usage, "%s", o.usage);
     k3_place_req req = {.model = o.model,
+                        .shard_dirs = (const char *const *)o.dirs.items,
+                        .n_shard_dirs = o.dirs.n,
                         .drives = drives,
                         .n_drives = n,
                         .weight = w,

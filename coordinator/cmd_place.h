@@ -2,7 +2,7 @@
  * over drives (docs/CLUSTER.md "Expert striping").
  *
  *   k3-coordinator place --model DIR [--plan PLAN.json] [--drives D1,D2,...]
- *                        [--weights W1,W2,...] [--out FILE] [--copy]
+ *                        [--weights W1,W2,...] [--dirs S1,S2,...] [--out FILE] [--copy]
  *
  * Builds a placement (common/experts/placement.h) from the drives' shares
  * (a plan file's "share", or --weights, or equal) and the usage history,
@@ -16,10 +16,15 @@
 #ifndef K3_CMD_PLACE_H
 #define K3_CMD_PLACE_H
 
+#include <stdint.h>
+
 #include "common/base/err.h"
 
 typedef struct k3_place_req {
-    const char *model;         /* checkpoint directory */
+    const char *model;             /* checkpoint directory */
+    const char *const *shard_dirs; /* [n_shard_dirs] extra shard directories of model (the
+                                      engine's --dirs), NULL = none */
+    int n_shard_dirs;
     const char *const *drives; /* [n_drives] directories (created when missing) */
     int n_drives;
     const double *weight; /* [n_drives] shares or speeds, NULL = equal */
@@ -41,6 +46,13 @@ k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen);
  * (owned by eng). Refused without --dirs or with --placement. */
 struct k3_engine_opts;
 k3_status k3_place_stripe_dirs(struct k3_engine_opts *eng, char *err, size_t errlen);
+
+/* Drive paths (*paths[*n], malloc'd each and the array; the caller frees)
+ * and shares (w[K3_MAX_DIRS]) from a plan file (k3-coordinator plan's
+ * format); checks its format, version and, when it names one, that its
+ * model fingerprint is fp. */
+k3_status k3_place_read_plan(const char *path, uint64_t fp, char ***paths, double *w, int *n,
+                             char *err, size_t errlen);
 
 int cmd_place(int argc, char **argv);
 

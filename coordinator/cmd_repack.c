@@ -9,13 +9,18 @@
 
 #include "common/base/limits.h"
 #include "common/base/opts.h"
+#include "common/ckpt/config.h"
 #include "common/ckpt/container.h"
+#include "common/engine/model.h"
+#include "common/experts/placement.h"
+#include "coordinator/cmd_place.h"
 
 typedef struct repack_cli {
     int bits, mla_bits, head_bits;
     k3_opt_list shards;
     int verify_full;
     char *placement;
+    int copy;
     int quiet;
     int help;
 } repack_cli;
@@ -67,7 +72,14 @@ static const k3_opt repack_table[] = {
      .type = K3_OPT_STRING,
      .offset = O(placement),
      .metavar = "PLAN.json",
-     .help = "write the experts into a placement's drive directories (not available yet)"},
+     .help = "then stripe the experts over a plan's drives (k3-coordinator place): "
+             "<drive>/k3-stripe/ and <first drive>/k3-stripe/placement.json"},
+    {.name = "copy",
+     .flag = "--copy",
+     .type = K3_OPT_BOOL,
+     .offset = O(copy),
+     .def = "0",
+     .help = "with --placement: copy the expert bytes even where a hard link would do"},
     {.name = "quiet",
      .flag = "--quiet",
      .type = K3_OPT_BOOL,
@@ -87,7 +99,56 @@ static const char usage_text[] =
     "dense matrices quantized exactly as the engine would at load (U8 + <name>.qs\n"
     "F32 scales), the vision tower dropped. One streaming read of SRC. Each shard\n"
     "is written to <name>.tmp and renamed, so an interrupted run resumes where it\n"
-    "stopped; the index is rebuilt from every completed shard on every run.";
+    "stopped; the index is rebuilt from every completed shard on every run.\n"
+    "With --placement PLAN.json (a plan from k3-coordinator plan, or a placement file)\n"
+    "the container's experts are then striped over the plan's drives, as\n"
+    "k3-coordinator place does; run with --placement <first drive>/k3-stripe/placement.json.";
+
+/* The drives and shares of --placement: a plan file (k3-coordinator plan,
+ * made for SRC) or a placement file (its drives and weights; the container
+ * is another model, so the placement is rebuilt for it). */
+typedef struct repack_plan {
+    char **paths; /* [n] */
+    double w[K3_MAX_DIRS];
+    int n;
+} repack_plan;
+
+static k3_status plan_drives(const char *src, const char *path, repack_plan *p, char *err,
+                             size_t errlen) {
+    k3_config cfg;
+    uint64_t fp;
+    k3_status st = k3_config_load(&cfg, src, 0, err, errlen);
+    if (st == K3_OK) st = k3_model_fingerprint_dir(src, &cfg, 0, &fp, err, errlen);
+    if (st != K3_OK) return st;
+    k3_placement *pl = NULL;
+    char perr[512];
+    if (k3_placement_load(&pl, path, perr, sizeof perr) == K3_OK) {
+        p->n = k3_placement_drives(pl);
+        p->paths = k3_xcalloc((size_t)p->n, sizeof *p->paths);
+        for (int d = 0; d < p->n; d++)
+            p->paths[d] = k3_xstrdup(k3_placement_drive_path(pl, d)),
+            p->w[d] = k3_placement_drive_weight(pl, d);
+        k3_placement_free(&pl);
+        return K3_OK;
+    }
+    return k3_place_read_plan(path, fp, &p->paths, p->w, &p->n, err, errlen);
+}
+
+/* Stripes the container's experts over the plan's drives (cmd_place.c):
+ * hard links where a drive shares DST's file system, else sparse copies. */
+static k3_status place_container(const char *dst, const repack_plan *p, int copy, int quiet,
+                                 char *err, size_t errlen) {
+    char out[K3_MAX_PATH + 64];
+    snprintf(out, sizeof out, "%s/%s/placement.json", p->paths[0], K3_PLACEMENT_SUBDIR);
+    k3_place_req req = {.model = dst,
+                        .drives = (const char *const *)p->paths,
+                        .n_drives = p->n,
+                        .weight = p->w,
+                        .out = out,
+                        .force_copy = copy,
+                        .progress = !quiet};
+    return k3_place_layout(&req, err, errlen);
+}
 
 int cmd_repack(int argc, char **argv) {
     repack_cli c;
@@ -96,6 +157,7 @@ int cmd_repack(int argc, char **argv) {
     char **pos = calloc((size_t)argc + 1, sizeof *pos);
     int npos = 0, rc = 0;
     int *nums = NULL;
+    repack_plan plan = {0};
     k3_status st = k3_opts_parse(repack_table, N_REPACK_OPTS, &c, NULL, argc, argv, pos, &npos, err,
                                  sizeof err);
     if (!st && c.help) {
@@ -115,12 +177,9 @@ int cmd_repack(int argc, char **argv) {
         rc = 2;
         goto out;
     }
-    if (c.placement) {
-        fprintf(stderr,
-                "repack: --placement %s: writing experts straight into a placement needs the "
-                "placement module (common/experts/placement.h), not in this build; repack to "
-                "one directory, then place it with `k3-coordinator place`\n",
-                c.placement);
+    /* the plan is read before the long conversion, so a bad one fails fast */
+    if (c.placement && (st = plan_drives(pos[0], c.placement, &plan, err, sizeof err))) {
+        fprintf(stderr, "repack: --placement %s: %s\n", c.placement, err);
         rc = 2;
         goto out;
     }
@@ -166,7 +225,15 @@ int cmd_repack(int argc, char **argv) {
     if (ro.verify_full)
         fprintf(stderr, "repack: verify-full: %llu expert tensors identical to the source\n",
                 (unsigned long long)s.experts_verified);
+    if (c.placement && (st = place_container(ro.dst, &plan, c.copy, c.quiet, err, sizeof err))) {
+        fprintf(stderr, "repack: --placement %s: %s (re-run: complete files are kept)\n",
+                c.placement, err);
+        rc = 1;
+        goto out;
+    }
 out:
+    for (int d = 0; d < plan.n; d++) free(plan.paths[d]);
+    free(plan.paths);
     free(nums);
     free(pos);
     k3_opts_free(repack_table, N_REPACK_OPTS, &c);

@@ -5,7 +5,9 @@
 # prepared matrix (container), a missing .qs sidecar (files), a truncated
 # shard and a missing shard (files), an interrupted repack's .tmp (files),
 # no tokenizer (tokenizer), a low open-file limit (limits), a missing
-# drive and a full drive (drive N). A
+# drive and a full drive (drive N); --workers: a worker of this model
+# passes with its name, build, protocol version and layers, a worker of
+# another model and an endpoint nobody listens on fail (worker). A
 # flipped expert byte is not doctor's to find (no checksums): repack
 # --verify-full finds it (test_repack.sh).
 set -u
@@ -79,6 +81,36 @@ fi
 
 # drives
 expect_fail "a missing drive" "drive 1" --model "$T/ct" --drives "$T/nope"
+# --workers: one HELLO each (coordinator/doctor_workers.c)
+if [ -x "$W" ]; then
+    ep1="tcp://127.0.0.1:$(port)" ep2="tcp://127.0.0.1:$(port)" ep3="tcp://127.0.0.1:$(port)"
+    K3_LOG=info "$W" --model "$T/ct" --layers 0-8 --listen "$ep1" --threads 1 --no-bench \
+        --usage off --name dw1 2>"$T/w1.log" &
+    wp1=$!
+    K3_LOG=info "$W" --model "$TINY" --layers 0-8 --listen "$ep2" --threads 1 --no-bench \
+        --usage off --name dw2 2>"$T/w2.log" &
+    wp2=$!
+    if wait_line "$T/w1.log" "serving layers" $wp1 60 && wait_line "$T/w2.log" "serving layers" $wp2 60; then
+        expect_pass "a worker of this model" --model "$T/ct" --workers "$ep1"
+        grep -q "^PASS  worker .*dw1, build 'k3shard proto [0-9.]*', protocol [0-9]*\.[0-9]*, layers 0-7" "$T/out" &&
+            ok "the worker's line names it, its build, protocol and layers: $(grep '^PASS  worker' "$T/out" | cut -c1-110)" ||
+            bad "the worker's line: $(grep 'worker' "$T/out")"
+        K3_BITS=8 "$C" doctor --model "$T/ct" --workers "$ep1" >"$T/out" 2>&1
+        grep -q "^PASS  worker .*same model; its settings differ .*'bits' mismatch" "$T/out" &&
+            ok "K3_BITS=8 against a bits-4 worker: the line names the setting" ||
+            bad "K3_BITS=8 against a bits-4 worker: $(grep worker "$T/out")"
+        expect_fail "a worker of another model" "worker" --model "$T/ct" --workers "$ep1,$ep2"
+        grep -q "$ep2: protocol .*refused this model" "$T/out" ||
+            bad "another model's worker: $(grep "$ep2" "$T/out")"
+        expect_fail "an endpoint nobody listens on" "worker" --model "$T/ct" --workers "$ep3"
+    else
+        bad "workers for the --workers checks did not start: $(tail -1 "$T/w1.log") $(tail -1 "$T/w2.log")"
+    fi
+    kill $wp1 $wp2 2>/dev/null
+    wait $wp1 $wp2 2>/dev/null
+else
+    skip "doctor --workers" "no k3-worker in $BUILD"
+fi
 if [ "$(id -u)" -ne 0 ]; then
     skip "good and full loop drives" "needs root"
     exit $fail

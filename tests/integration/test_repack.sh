@@ -10,7 +10,11 @@
 #    byte-identical container; disjoint --shards runs give the index of one
 #    run; --verify-full finds one corrupted expert byte;
 #  - a container with a wrong-shape tensor or a missing .qs is refused at
-#    load naming the tensor.
+#    load naming the tensor;
+#  - repack --placement PLAN.json --copy stripes the new container over the
+#    plan's 2 drives by their shares (sparse copies) and a run with that
+#    placement gives the plain container's logits; another model's plan is
+#    refused before the conversion.
 set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C"
@@ -174,5 +178,36 @@ for mode in swap noqs; do
         bad "container with $mode: message does not name $name: $(tail -1 "$T/o_$mode.err")"
     fi
 done
+
+# 7. repack --placement: the conversion also lays out the stripes
+cat >"$T/plan.json" <<EOF
+{"format": "k3shard-plan", "version": 1,
+ "drives": [{"path": "$T/pd0", "share": 0.75}, {"path": "$T/pd1", "share": 0.25}]}
+EOF
+if "$C" repack "$TINY" "$T/pc8" --bits 8 --placement "$T/plan.json" --copy 2>"$T/pl.err" &&
+    [ -s "$T/pd0/k3-stripe/placement.json" ]; then
+    e0=$(grep -o 'drive 0 [^:]*: [0-9]* experts' "$T/pl.err" | grep -o '[0-9]* experts')
+    e1=$(grep -o 'drive 1 [^:]*: [0-9]* experts' "$T/pl.err" | grep -o '[0-9]* experts')
+    ok "repack --placement: container and stripes written (drive 0: $e0, drive 1: $e1)"
+    [ "${e0% *}" -gt $((2 * ${e1% *})) ] && ok "the 0.75 share holds 3x the experts of the 0.25 one" ||
+        bad "shares 0.75/0.25 gave $e0 / $e1"
+    logits "$T/pl8" "$T/pc8" --placement "$T/pd0/k3-stripe/placement.json" ||
+        bad "run with the placement: $(tail -1 "$T/pl8.err")"
+    if same "$T/pl8" "$T/ct8" && [ -s "$T/pl8" ]; then
+        ok "repacked + placed container: logits bit-identical to the plain container"
+    else
+        bad "repacked + placed container: logits differ from the plain container"
+    fi
+else
+    bad "repack --placement: $(tail -2 "$T/pl.err")"
+fi
+sed 's/"version": 1,/"version": 1, "model_fingerprint": "0123456789abcdef",/' "$T/plan.json" >"$T/plan_o.json"
+if "$C" repack "$TINY" "$T/po8" --placement "$T/plan_o.json" --quiet 2>"$T/plo.err"; then
+    bad "repack --placement with another model's plan was accepted"
+elif grep -q 'was made for model 0123456789abcdef' "$T/plo.err" && [ ! -e "$T/po8" ]; then
+    ok "another model's plan refused before converting: $(cut -c1-110 "$T/plo.err")"
+else
+    bad "another model's plan: unexpected: $(tail -1 "$T/plo.err") (or $T/po8 was created)"
+fi
 
 exit $fail

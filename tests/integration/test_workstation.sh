@@ -4,7 +4,9 @@
 # setup (doctor, plan, repack onto the drives) then `start chat` gives the
 # logits of `--local 0` on the source at the same bits; `start serve`
 # answers /v1/completions with the CLI's text; `status` lists the workers;
-# `stop` leaves no process of ours; and the failure paths say what to do:
+# `stop` leaves no process of ours; `setup --stripe` stripes the experts
+# over the 3 drives and striped workers give the same logits; and the
+# failure paths say what to do:
 # a missing drive, a full drive, a worker that cannot start.
 set -u
 . "$(dirname "$0")/../lib.sh"
@@ -69,6 +71,25 @@ left=""
 for p in $pids; do kill -0 "$p" 2>/dev/null && left+=" $p"; done
 [ -z "$left" ] && [ -n "$pids" ] && ok "stop leaves no process ($(echo $pids | wc -w) stopped)" ||
     bad "stop left:$left"
+
+# setup --stripe: the experts striped over every drive, each worker reads all
+if "$KW" setup "$TINY" --drives "$drives" --seconds 0.2 --stripe >"$T/setup3.out" 2>&1 &&
+    [ -s "$K3_WS_STATE/placement.json" ]; then
+    ok "setup --stripe: $(grep -m1 'place: .* files' "$T/setup3.out" | sed 's/^ *place: //' | cut -c1-100)"
+    if "$KW" start chat --ids $IDS --ngen 3 --all-logits "$T/wss.bin" >"$T/chats.out" 2>&1 &&
+        cmp -s "$T/ref.bin" "$T/wss.bin"; then
+        ok "start chat with striped workers: logits bit-identical to --local 0 on the source"
+    else
+        bad "start chat striped: logits differ or it failed: $(tail -2 "$T/chats.out")"
+    fi
+    n_str=$(cat "$K3_WS_STATE"/logs/w*.log | grep -c 'striped over 3 drives')
+    [ "$n_str" = 3 ] && ok "each of the 3 workers reads its experts from all 3 drives" ||
+        bad "$n_str of 3 workers striped: $(grep -h -m1 -i 'placement\|error' "$K3_WS_STATE"/logs/w*.log | head -2)"
+    "$KW" stop >/dev/null 2>&1
+    rm -f "$K3_WS_STATE/placement.json" # the failure paths below use the plain layout
+else
+    bad "setup --stripe failed: $(tail -3 "$T/setup3.out")"
+fi
 
 # failure paths
 if "$KW" setup "$TINY" --drives "$drives,$T/nope" >"$T/f1.out" 2>&1; then
