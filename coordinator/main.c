@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "coordinator/cluster.h"
+#include "coordinator/cmd_status.h"
 #include "coordinator/cmd_tokenize.h"
 #include "common/ckpt/config.h"
 #include "common/engine/engine_opts.h"
@@ -207,6 +208,7 @@ static const char *usage_text =
     "       k3-coordinator tokenize [options]    (k3-coordinator tokenize --help)\n"
     "       k3-coordinator serve --model DIR [options]    (OpenAI-compatible HTTP API, "
     "docs/SERVING.md)\n"
+    "       k3-coordinator status --workers EP,...    (one row per worker, docs/DEPLOY.md)\n"
     "\n"
     "Generates text with Kimi K3. A text prompt is tokenized with the model\n"
     "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.";
@@ -522,6 +524,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "keygen")) return cmd_keygen(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "serve")) return cmd_serve(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "status")) return cmd_status(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";
