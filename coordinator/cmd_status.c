@@ -61,10 +61,10 @@ static const k3_opt st_table[] = {
 /* One worker's row. */
 typedef struct st_row {
     const char *ep;
-    int answered;         /* a STATS_OK came back */
-    proto_stats_ok s;     /* valid when answered */
-    char state[1024];     /* "ok", "ok (idle)" or why not */
-    int bad;              /* counts against the exit status */
+    int answered;     /* a STATS_OK came back */
+    proto_stats_ok s; /* valid when answered */
+    char state[1024]; /* "ok", "ok (idle)" or why not */
+    int bad;          /* counts against the exit status */
 } st_row;
 
 /* "HOST" of tcp://HOST:PORT, else the endpoint itself. */
@@ -126,15 +126,15 @@ static void probe(void *ctx, const st_opts *o, const k3_curve_keypair *kp, st_ro
     if (!st) st = k3_link_sockopts_apply(sock, &so, err, sizeof err);
     if (!st && kp) st = k3_link_curve_client(sock, kp, key, err, sizeof err);
     snprintf(mon_ep, sizeof mon_ep, "inproc://k3status.%d", idx);
-    if (!st && (zmq_socket_monitor(sock, mon_ep,
-                                   ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                                       ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                       ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0 ||
-                !(mon = zmq_socket(ctx, ZMQ_PAIR)) || zmq_connect(mon, mon_ep) != 0))
+    if (!st &&
+        (zmq_socket_monitor(sock, mon_ep,
+                            ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0 ||
+         !(mon = zmq_socket(ctx, ZMQ_PAIR)) || zmq_connect(mon, mon_ep) != 0))
         st = k3_errf(K3_ERR_IO, err, sizeof err, "socket monitor: %s", zmq_strerror(zmq_errno()));
     if (!st && zmq_connect(sock, r->ep) != 0)
-        st = k3_errf(K3_ERR_IO, err, sizeof err, "connect %s: %s", r->ep,
-                     zmq_strerror(zmq_errno()));
+        st =
+            k3_errf(K3_ERR_IO, err, sizeof err, "connect %s: %s", r->ep, zmq_strerror(zmq_errno()));
     proto_msg req, rep;
     proto_frames fr = {0};
     if (!st) {
@@ -177,9 +177,8 @@ static void probe(void *ctx, const st_opts *o, const k3_curve_keypair *kp, st_ro
         snprintf(r->state, sizeof r->state,
                  "down: no answer in %d ms (not running, unreachable, or the link drops packets)",
                  o->timeout_ms);
-    else if (r->s.build[0] &&
-             k3_link_check_build(k3_link_build(), "coordinator", r->s.build, "worker", err,
-                                 sizeof err))
+    else if (r->s.build[0] && k3_link_check_build(k3_link_build(), "coordinator", r->s.build,
+                                                  "worker", err, sizeof err))
         snprintf(r->state, sizeof r->state, "refused: %s", err);
     else {
         r->bad = 0;
