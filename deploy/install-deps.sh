@@ -13,6 +13,7 @@ PKGS=(
   libpcre2-dev libjansson-dev libmicrohttpd-dev libedit-dev liburing-dev
   python3 python3-numpy
   iproute2 iptables procps psmisc strace fio curl
+  ansible openssh-server tcpdump rsync
 )
 # Node.js + npm drive the browser tests and the tiktoken oracle; a machine that
 # already has them (from NodeSource, say, whose nodejs conflicts with Debian's
