@@ -63,6 +63,10 @@ cleanup() {
         ip link del "dep$((S % 100000))h$i" 2>/dev/null
     done
     ip link del "$BR" 2>/dev/null
+    if [ -n "${DEPLOY_KEEP:-}" ]; then # debugging: keep the logs
+        mkdir -p "$DEPLOY_KEEP" && cp -r "$T"/*.log "$T"/*.txt "$T"/*.json "$T"/*.err "$T"/*.status \
+            "$T"/hosts/*/var/log "$DEPLOY_KEEP"/ 2>/dev/null
+    fi
     for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null; done
     for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null; done
     k3_cleanup
@@ -155,6 +159,7 @@ all:
     k3_model_src: $TINY
     k3_build_src: $BUILD_ABS
     k3_supervisor: start-stop-daemon
+    k3_stage: $T/stage
     k3_worker_port: 5555
     k3_http_port: 8080
     k3_hb_ms: 250
@@ -180,7 +185,7 @@ export ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
 play() { # log playbook args...
     local log=$1
     shift
-    (cd "$CL" && timeout 300 ansible-playbook -i "$INV" "$@") >"$T/$log" 2>&1
+    (cd "$CL" && timeout "${DEPLOY_PLAY_TIMEOUT:-300}" ansible-playbook -i "$INV" "$@") >"$T/$log" 2>&1
 }
 recap_changed() { # log: the sum of changed= over the PLAY RECAP lines
     awk '/PLAY RECAP/{r=1} r && /changed=/{for(i=1;i<=NF;i++) if($i ~ /^changed=/){split($i,a,"="); s+=a[2]}} END{print s+0}' "$T/$1"
