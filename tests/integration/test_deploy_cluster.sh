@@ -164,7 +164,7 @@ all:
     k3_http_port: 8080
     k3_hb_ms: 250
     k3_worker_args: --threads 1
-    k3_serve_args: --threads 1 --resume-wait-ms 4000 --step-timeout-ms 4000
+    k3_serve_args: --threads 1 --resume-wait-ms 8000 --step-timeout-ms 8000
   children:
     k3_coordinator:
       hosts:
@@ -215,7 +215,7 @@ if [ $rc -eq 0 ] && [ -n "$REF" ] && [ "$got" = "$REF" ]; then
     ok "D1: ansible-playbook site.yml deployed 4 workers + serve over ssh in ${d1} s; a completion equals --local 0's text"
 else
     bad "D1: playbook rc $rc, text '$got' vs '$REF': $(grep -E 'fatal|FAILED|msg' "$T/site1.log" | head -3 | cut -c1-300)"
-    exit 1
+    [ -n "${DEPLOY_HOLD:-}" ] || exit 1
 fi
 if grep -q "Unit verified\|Units verified" "$T/site1.log" && ! grep -q "no systemd-analyze" "$T/site1.log"; then
     ok "D1: k3-worker@.service and k3-coordinator.service pass systemd-analyze verify"
@@ -418,4 +418,8 @@ else
 fi
 
 echo "# test_deploy_cluster: $(($(date +%s) - T0)) s"
+if [ -n "${DEPLOY_HOLD:-}" ]; then # debugging: keep the hosts until $T/release exists
+    echo "$T" >"$DEPLOY_HOLD"
+    while [ ! -f "$T/release" ]; do sleep 1; done
+fi
 exit $fail
