@@ -75,8 +75,10 @@ def main():
         out.append(dict(it, layers=[first, first + k],
                         files=[{"name": f, "size": size(f)} for f in files]))
         first += k
+    # dot files are run state (.k3_usage, the expert usage history), not checkpoint
     glob = sorted(f for f in os.listdir(a.model)
-                  if os.path.isfile(os.path.join(a.model, f)) and f not in layer_files)
+                  if os.path.isfile(os.path.join(a.model, f)) and f not in layer_files
+                  and not f.startswith("."))
     json.dump({"n_layers": L, "global": [{"name": f, "size": size(f)} for f in glob],
                "instances": out}, sys.stdout)
     sys.stdout.write("\n")
