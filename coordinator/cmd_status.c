@@ -67,12 +67,9 @@ typedef struct st_row {
     int bad;          /* counts against the exit status */
 } st_row;
 
-/* "HOST" of tcp://HOST:PORT, else the endpoint itself. */
+/* "HOST:PORT" of tcp://HOST:PORT, else the endpoint itself. */
 static void ep_host(const char *ep, char *out, size_t cap) {
-    const char *h = strncmp(ep, "tcp://", 6) ? ep : ep + 6;
-    snprintf(out, cap, "%s", h);
-    char *colon = strrchr(out, ':');
-    if (colon && h != ep) *colon = 0;
+    snprintf(out, cap, "%s", strncmp(ep, "tcp://", 6) ? ep : ep + 6);
 }
 
 /* The first monitor event's why, or NULL when none says the handshake failed. */
@@ -192,7 +189,7 @@ static void probe(void *ctx, const st_opts *o, const k3_curve_keypair *kp, st_ro
 }
 
 static void print_table(const st_row *rows, int n) {
-    printf("%-16s %-14s %-8s %-24s %-26s %8s %9s %8s %8s  %s\n", "HOST", "WORKER", "LAYERS",
+    printf("%-21s %-14s %-8s %-24s %-26s %8s %9s %8s %8s  %s\n", "HOST:PORT", "WORKER", "LAYERS",
            "STRIPE", "BUILD", "DRIVE", "UPTIME", "SESSIONS", "HIT", "STATE");
     for (int i = 0; i < n; i++) {
         const st_row *r = &rows[i];
@@ -207,7 +204,7 @@ static void print_table(const st_row *rows, int n) {
             uint64_t tot = s->expert_hits + s->expert_misses;
             if (tot) snprintf(hit, sizeof hit, "%.1f%%", 100.0 * (double)s->expert_hits / tot);
         }
-        printf("%-16s %-14s %-8s %-24s %-26s %8s %9s %8s %8s  %s\n", host,
+        printf("%-21s %-14s %-8s %-24s %-26s %8s %9s %8s %8s  %s\n", host,
                r->answered && r->s.name[0] ? r->s.name : "-", lay,
                r->answered && r->s.dirs[0] ? r->s.dirs : "-",
                r->answered && r->s.build[0] ? r->s.build : "-", gbs, up, ses, hit, r->state);

@@ -302,10 +302,10 @@ ip netns exec "$(ns 2)" iptables -D INPUT -j DROP
 ip netns exec "$(ns 2)" iptables -D OUTPUT -j DROP
 for _ in $(seq 60); do status_cmd >/dev/null 2>&1 && break; sleep 0.25; done
 got=$(complete d6b)
-if [ -n "$err6" ] && [ "$(grep -c "^${ADDR[2]} .*down: no answer" "$T/status6.txt")" -eq 2 ] && [ "$got" = "$REF" ]; then
+if [ -n "$err6" ] && [ "$(grep -c "^${ADDR[2]}:555[56] .*down: no answer" "$T/status6.txt")" -eq 2 ] && [ "$got" = "$REF" ]; then
     ok "D6: DROP on depw2's link: the request failed in ${dt} s with '$(echo "$err6" | cut -c1-110)'; status said both its workers are down; after the restore the text equals the reference"
 else
-    bad "D6: during: '$err6' ($(cut -c1-200 "$T/d6a.json")); status: $(grep "^${ADDR[2]} " "$T/status6.txt" | head -1 | cut -c1-160); after: '$got'"
+    bad "D6: during: '$err6' ($(cut -c1-200 "$T/d6a.json")); status: $(grep "^${ADDR[2]}:" "$T/status6.txt" | head -1 | cut -c1-160); after: '$got'"
 fi
 
 # ---- D7: rolling restart while a client asks ----
