@@ -57,6 +57,9 @@ cleanup() {
     for f in "$T"/hosts/*/run/k3/*.pid; do
         [ -f "$f" ] && start-stop-daemon --stop --quiet --oknodo --pidfile "$f" --retry TERM/5/KILL/2 >/dev/null 2>&1
     done
+    for s in "$T"/cp/*; do # ansible's ssh connection masters
+        [ -S "$s" ] && ssh -o ControlPath="$s" -O exit dep 2>/dev/null
+    done
     for i in 0 1 2; do
         for p in $(ip netns pids "$(ns $i)" 2>/dev/null); do kill -9 "$p" 2>/dev/null; done
         ip netns del "$(ns $i)" 2>/dev/null
@@ -119,11 +122,17 @@ EOF
         exit 1
     }
 done
-SSHO=(-i "$T/id_dep" -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -o LogLevel=ERROR -o BatchMode=yes)
+SSHO=(-i "$T/id_dep" -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -o LogLevel=ERROR -o BatchMode=yes -o ServerAliveInterval=2 -o ServerAliveCountMax=3)
 on() { # host-index command...: runs on that "host" over ssh, as an operator would
     local i=$1
     shift
     ssh "${SSHO[@]}" "root@${ADDR[$i]}" "$@"
+}
+on_bg() { # host-index command...: the same in the background; its ssh's pid joins PIDS
+    local i=$1
+    shift
+    ssh "${SSHO[@]}" "root@${ADDR[$i]}" "$@" &
+    PIDS+=($!)
 }
 for _ in $(seq 50); do on 2 true 2>/dev/null && break; sleep 0.1; done
 
@@ -332,11 +341,10 @@ fi
 
 # ---- D8: another build identity, an unknown coordinator key ----
 W2E=$T/hosts/depw2/etc/k3
-on 2 "K3_WORKER_FAULT=build=k3shard-other-build" "$T/hosts/depw2/opt/k3shard/bin/k3-worker" \
+on_bg 2 "K3_WORKER_FAULT=build=k3shard-other-build" "$T/hosts/depw2/opt/k3shard/bin/k3-worker" \
     --model "$T/hosts/depw2/var/lib/k3/model" --dirs "$T/hosts/depw2/mnt/d0/k3" --layers 4-6 \
     --listen "tcp://${ADDR[2]}:5599" --curve-secret "$W2E/depw2-d0.key" --allow "$W2E/coordinators" \
-    --name odd --threads 1 --no-bench </dev/null >"$T/odd.log" 2>&1 &
-PIDS+=($!)
+    --name odd --threads 1 --no-bench </dev/null >"$T/odd.log" 2>&1
 printf 'tcp://%s:5599 %s\n' "${ADDR[2]}" "$(sed -n 's/^public = //p' "$W2E/depw2-d0.pub")" >"$CE/odd.keys"
 for _ in $(seq 40); do grep -q serving "$T/odd.log" && break; sleep 0.1; done
 on 0 "$CB/k3-coordinator" status --workers "tcp://${ADDR[2]}:5599" --curve-secret "$CE/coord.key" \
@@ -384,9 +392,8 @@ EOF
 }
 read -r cbytes cplain < <(plain_in "$T/curve.pcap")
 # the control: a plain --insecure worker pair across the same veth
-on 1 "$T/hosts/depw1/opt/k3shard/bin/k3-worker" --model "$TINY" --layers 0-8 \
-    --listen "tcp://${ADDR[1]}:5590" --insecure --threads 1 --no-bench </dev/null >"$T/plain_w.log" 2>&1 &
-PIDS+=($!)
+on_bg 1 "$T/hosts/depw1/opt/k3shard/bin/k3-worker" --model "$TINY" --layers 0-8 \
+    --listen "tcp://${ADDR[1]}:5590" --insecure --threads 1 --no-bench </dev/null >"$T/plain_w.log" 2>&1
 for _ in $(seq 40); do grep -q serving "$T/plain_w.log" && break; sleep 0.1; done
 ip netns exec "$(ns 1)" tcpdump -i eth0 -w "$T/plain.pcap" -U tcp port 5590 >/dev/null 2>&1 &
 tpid=$!
