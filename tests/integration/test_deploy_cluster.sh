@@ -194,7 +194,7 @@ export ANSIBLE_NOCOLOR=1 ANSIBLE_FORCE_COLOR=0
 play() { # log playbook args...
     local log=$1
     shift
-    (cd "$CL" && timeout "${DEPLOY_PLAY_TIMEOUT:-300}" ansible-playbook -i "$INV" "$@") >"$T/$log" 2>&1
+    (cd "$CL" && timeout "${DEPLOY_PLAY_TIMEOUT:-900}" ansible-playbook -i "$INV" "$@") >"$T/$log" 2>&1
 }
 recap_changed() { # log: the sum of changed= over the PLAY RECAP lines
     awk '/PLAY RECAP/{r=1} r && /changed=/{for(i=1;i<=NF;i++) if($i ~ /^changed=/){split($i,a,"="); s+=a[2]}} END{print s+0}' "$T/$1"
