@@ -32,23 +32,25 @@
 #define WK_MAX_QUEUE 1024
 
 typedef struct wk_opts {
-    const char *listen;            /* endpoint to bind */
-    k3_link_sockopts sock;         /* heartbeats, linger, handshake */
-    int curve;                     /* serve CURVE with kp behind the allow-list */
-    k3_curve_keypair kp;           /* the worker's server key pair (curve) */
-    const k3_allow_list *allow;    /* coordinator public keys (curve), borrowed */
-    int zap_off;                   /* tests only: do not start the ZAP handler (C4) */
-    uint64_t fingerprint;          /* k3_model_fingerprint of the model */
-    proto_numerics num;            /* this worker's numeric settings */
-    int max_sessions;              /* session states before eviction */
-    int max_ctx;                   /* tokens per session */
-    int max_chunk;                 /* largest T accepted */
-    double read_gbps;              /* measured drive rate, 0 = not measured */
-    char name[K3_PROTO_MAX_NAME];  /* for logs and the coordinator's errors */
+    const char *listen;           /* endpoint to bind */
+    k3_link_sockopts sock;        /* heartbeats, linger, handshake */
+    int curve;                    /* serve CURVE with kp behind the allow-list */
+    k3_curve_keypair kp;          /* the worker's server key pair (curve) */
+    const k3_allow_list *allow;   /* coordinator public keys (curve), borrowed */
+    int zap_off;                  /* tests only: do not start the ZAP handler (C4) */
+    uint64_t fingerprint;         /* k3_model_fingerprint of the model */
+    proto_numerics num;           /* this worker's numeric settings */
+    int max_sessions;             /* session states before eviction */
+    int max_ctx;                  /* tokens per session */
+    int max_chunk;                /* largest T accepted */
+    double read_gbps;             /* measured drive rate, 0 = not measured */
+    char name[K3_PROTO_MAX_NAME]; /* for logs and the coordinator's errors */
+    int fault_stall_at;           /* tests only: the N-th FORWARD stalls forever (T3), 0 = off */
+
+    /* what a STATS probe reports (k3-coordinator status) */
     char build[K3_PROTO_MAX_NAME]; /* k3_link_build(), or K3_WORKER_FAULT's build=ID (tests) */
-    char dirs[K3_PROTO_MAX_NAME];  /* the shard directories (--dirs), for STATS_OK's stripe */
-    double start_ms;               /* k3_now_ms() at start, for STATS_OK's uptime */
-    int fault_stall_at;            /* tests only: the N-th FORWARD stalls forever (T3), 0 = off */
+    char dirs[K3_PROTO_MAX_NAME];  /* the shard directories (--dirs): the stripe */
+    double start_ms;               /* k3_now_ms() at start: the uptime */
 } wk_opts;
 
 /* Serves until *stop becomes non-zero (SIGTERM/SIGINT) or a SHUTDOWN
