@@ -220,10 +220,11 @@ play site1.log site.yml
 rc=$?
 d1=$(($(date +%s) - t))
 got=$(complete d1)
-if [ $rc -eq 0 ] && [ -n "$REF" ] && [ "$got" = "$REF" ]; then
-    ok "D1: ansible-playbook site.yml deployed 4 workers + serve over ssh in ${d1} s; a completion equals --local 0's text"
+health=$(curl -s -m 10 "$URL/health")
+if [ $rc -eq 0 ] && [ -n "$REF" ] && [ "$got" = "$REF" ] && echo "$health" | grep -q '"status": *"ok"'; then
+    ok "D1: ansible-playbook site.yml deployed 4 workers + serve over ssh in ${d1} s; /health ok; a completion equals --local 0's text"
 else
-    bad "D1: playbook rc $rc, text '$got' vs '$REF': $(grep -E 'fatal|FAILED|msg' "$T/site1.log" | head -3 | cut -c1-300)"
+    bad "D1: playbook rc $rc, health '$health', text '$got' vs '$REF': $(grep -E 'fatal|FAILED|msg' "$T/site1.log" | head -3 | cut -c1-300)"
     [ -n "${DEPLOY_HOLD:-}" ] || exit 1
 fi
 if grep -q "Unit verified\|Units verified" "$T/site1.log" && ! grep -q "no systemd-analyze" "$T/site1.log"; then
