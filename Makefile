@@ -122,6 +122,17 @@ $(WEB_GEN): coordinator/web/embed.sh $(WEB_FILES)
 	sh coordinator/web/embed.sh $@ $(WEB_FILES)
 $(WEB_GEN:.c=.o): $(WEB_GEN)
 	$(COMPILE) -c $< -o $@
+# The build identity HELLO compares (proto/link.h, K3_LINK_BUILD): the source
+# revision. build/rev.txt is rewritten only when the revision changes, so
+# proto/link.o is recompiled then and only then.
+K3_REV := $(shell git describe --always --dirty 2>/dev/null | tr -cd 'A-Za-z0-9._+-' || true)
+K3_REV := $(or $(K3_REV),unknown)
+$(BUILD)/rev.txt: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(K3_REV)' | cmp -s - $@ || echo '$(K3_REV)' >$@
+$(BUILD)/proto/link.o: $(BUILD)/rev.txt
+$(BUILD)/proto/link.o: K3_CFLAGS += -DK3_BUILD_REV='"$(K3_REV)"'
+FORCE:
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

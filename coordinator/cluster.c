@@ -270,7 +270,7 @@ static void link_open(k3_cluster *c, cl_stage *s) {
         proto_msg_init(&r->msg, PROTO_MSG_HELLO, ++c->next_id, s->epoch);
         r->msg.u.hello.fingerprint = c->fp;
         r->msg.u.hello.num = c->num;
-        cl_fmt(r->msg.u.hello.build, sizeof r->msg.u.hello.build, "%s", K3_LINK_BUILD);
+        cl_fmt(r->msg.u.hello.build, sizeof r->msg.u.hello.build, "%s", k3_link_build());
         st = send_req(c, s, r, NULL, NULL, 0, err, sizeof err);
     }
     if (st) {
@@ -295,6 +295,9 @@ static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
     char err[512], lab[512];
     if (s->a < 0) cl_fmt(s->name, sizeof s->name, "%s", h->name); /* for the messages below */
     k3_status st = proto_check_compat(c->fp, &c->num, h->fingerprint, &h->num, err, sizeof err);
+    if (!st)
+        st = k3_link_check_build(k3_link_build(), "coordinator", h->build, "worker", err,
+                                 sizeof err);
     if (!st && (int)h->layers[1] > c->cfg.n_layers)
         st =
             k3_errf(K3_ERR_MISMATCH, err, sizeof err, "layers [%u, %u) outside the model's [0, %d)",

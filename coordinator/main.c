@@ -37,6 +37,7 @@
 #include "coordinator/cmd_plan.h"
 #include "coordinator/cmd_repack.h"
 #include "coordinator/cmd_place.h"
+#include "coordinator/cmd_status.h"
 #include "coordinator/cmd_tokenize.h"
 #include "common/ckpt/config.h"
 #include "common/engine/engine_opts.h"
@@ -281,6 +282,7 @@ static const char *usage_text =
     "       k3-coordinator repack SRC DST [options]    (repacked container, docs/DEPLOY.md)\n"
     "       k3-coordinator doctor --model DIR [--drives D1,..]    (checks a run's needs)\n"
     "       k3-coordinator plan --model DIR --drives D1,..    (workers, drives, budgets)\n"
+    "       k3-coordinator status --workers EP,...    (one row per worker, docs/DEPLOY.md)\n"
     "\n"
     "Generates text with Kimi K3. A text prompt is tokenized with the model\n"
     "directory's tokenizer (tiktoken.model) and gets BOS; --ids are used as given.\n"
@@ -679,6 +681,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "doctor")) return cmd_doctor(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "plan")) return cmd_plan(argc - 1, argv + 1);
     if (argc > 1 && !strcmp(argv[1], "place")) return cmd_place(argc - 1, argv + 1);
+    if (argc > 1 && !strcmp(argv[1], "status")) return cmd_status(argc - 1, argv + 1);
     k3_log_init("k3-coordinator");
 
     char err[1024] = "";

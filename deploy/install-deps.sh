@@ -14,6 +14,7 @@ PKGS=(
   python3 python3-numpy
   iproute2 iptables procps psmisc strace fio curl tmux
   chromium
+  ansible openssh-server tcpdump rsync
 )
 # Node.js + npm drive the browser tests and the tiktoken oracle; a machine that
 # already has them (from NodeSource, say, whose nodejs conflicts with Debian's

@@ -616,6 +616,21 @@ uint64_t k3_zap_refused(const k3_zap *z) { return z ? atomic_load(&((k3_zap *)z)
 
 /* ---- numerics ---- */
 
+#ifndef K3_BUILD_REV
+#define K3_BUILD_REV "unknown"
+#endif
+
+const char *k3_link_build(void) { return K3_LINK_BUILD " rev " K3_BUILD_REV; }
+
+k3_status k3_link_check_build(const char *want, const char *want_side, const char *got,
+                              const char *got_side, char *err, size_t errlen) {
+    if (!strcmp(want, got)) return K3_OK;
+    return k3_errf(K3_ERR_MISMATCH, err, errlen,
+                   "build identity mismatch: %s '%s', %s '%s' (deploy the same build on every "
+                   "host)",
+                   want_side, want, got_side, got);
+}
+
 void k3_link_numerics(int bits, int mla_bits, int head_bits, int idot, int dense_idot, int exact,
                       proto_numerics *out) {
     memset(out, 0, sizeof *out);

@@ -31,7 +31,11 @@
 #include "common/base/opts.h"
 #include "proto/proto.h"
 
-/* Build identity sent in HELLO / HELLO_OK (logged, never compared). */
+/* Build identity sent in HELLO / HELLO_OK: this prefix, then the source
+ * revision the Makefile passes as K3_BUILD_REV (`git describe --always
+ * --dirty`), e.g. "k3shard proto 1.1 rev 3f2a9c1". Both sides refuse a peer
+ * whose identity differs (k3_link_check_build): the same settings with other
+ * kernel code can give other bits. */
 #define K3_LINK_BUILD "k3shard proto 1.1"
 
 /* Heartbeat interval (HB): default and range, used by the option row
@@ -144,6 +148,16 @@ void k3_zap_close(k3_zap **z);
 uint64_t k3_zap_refused(const k3_zap *z); /* clients refused so far */
 
 /* ---- what HELLO compares ---- */
+
+/* This build's identity (see K3_LINK_BUILD); a static string. */
+const char *k3_link_build(void);
+
+/* K3_ERR_MISMATCH naming both identities when got differs from want, e.g.
+ * "build identity mismatch: coordinator 'k3shard proto 1.1 rev a', worker
+ * '... rev b' (deploy the same build on every host)"; want_side and got_side
+ * name the two peers. */
+k3_status k3_link_check_build(const char *want, const char *want_side, const char *got,
+                              const char *got_side, char *err, size_t errlen);
 
 /* The numeric settings of a process: the engine's load-time bits and
  * integer-dot switches (k3_model_opts fields, passed as plain values), the

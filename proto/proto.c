@@ -75,6 +75,7 @@ typedef enum field_kind {
 #define FD_STATS 1u /* member of FORWARD_DONE's all-or-none stats group */
 #define FD_BITS  2u /* value must be 4, 8 or 32 */
 #define FD_V11   4u /* added in 1.1: a 1.0 sender omits it (decoded as 0 / false) */
+#define FD_OPT   8u /* version next: optional, absent decodes as 0 / "" (STATS_OK's identity) */
 
 typedef struct field_desc {
     const char *key; /* wire key */
@@ -173,6 +174,17 @@ static const field_desc f_stats_ok[] = {
     F_U64("proto_errors", stats_ok.proto_errors, 0, ANY, NULL),
     F_F64("busy_ms", stats_ok.busy_ms),
     F_F64("read_ms", stats_ok.read_ms),
+    /* version next: who the worker is, for `k3-coordinator status` */
+    {"name", FK_STR, FD_OPT, OFF(stats_ok.name), sizeof(((proto_msg *)0)->u.stats_ok.name), 0,
+     sizeof(((proto_msg *)0)->u.stats_ok.name) - 1, NULL},
+    {"build", FK_STR, FD_OPT, OFF(stats_ok.build), sizeof(((proto_msg *)0)->u.stats_ok.build), 0,
+     sizeof(((proto_msg *)0)->u.stats_ok.build) - 1, NULL},
+    {"dirs", FK_STR, FD_OPT, OFF(stats_ok.dirs), sizeof(((proto_msg *)0)->u.stats_ok.dirs), 0,
+     sizeof(((proto_msg *)0)->u.stats_ok.dirs) - 1, NULL},
+    {"layers", FK_PAIR, FD_OPT, OFF(stats_ok.layers), 0, 0, K3_MAX_LAYERS, "K3_MAX_LAYERS"},
+    {"read_gbps", FK_F64, FD_OPT, OFF(stats_ok.read_gbps), 0, 0, 0, NULL},
+    {"uptime_s", FK_F64, FD_OPT, OFF(stats_ok.uptime_s), 0, 0, 0, NULL},
+    {"registered", FK_BOOL, FD_OPT, OFF(stats_ok.registered), 0, 0, 1, NULL},
 };
 static const field_desc f_heartbeat[] = {
     F_U64("req", heartbeat.busy_request, 0, ANY, NULL),
@@ -409,6 +421,13 @@ k3_status proto_validate(const proto_msg *m, char *err, size_t errlen) {
             return k3_errf(K3_ERR_PROTO, err, errlen,
                            "%s: field 'layers': [%u, %u) is empty, expected a < b", tn,
                            m->u.hello_ok.layers[0], m->u.hello_ok.layers[1]);
+        break;
+    case PROTO_MSG_STATS_OK: /* [0, 0) = absent (an older worker) */
+        if ((m->u.stats_ok.layers[0] || m->u.stats_ok.layers[1]) &&
+            m->u.stats_ok.layers[0] >= m->u.stats_ok.layers[1])
+            return k3_errf(K3_ERR_PROTO, err, errlen,
+                           "%s: field 'layers': [%u, %u) is empty, expected a < b", tn,
+                           m->u.stats_ok.layers[0], m->u.stats_ok.layers[1]);
         break;
     case PROTO_MSG_FORWARD: {
         const proto_forward *f = &m->u.forward;
@@ -823,7 +842,8 @@ static k3_status decode_fields(const msgpack_object_kv *kv, uint32_t n, const en
 }
 
 /* Step 4: what is missing. Every schema field is required except those
- * added in 1.1 (from a 1.0 peer) and the stats group, which is all present
+ * added in 1.1 (from a 1.0 peer), the optional ones (FD_OPT) and the stats
+ * group, which is all present
  * or all absent (FORWARD_DONE's has_stats says which). */
 static k3_status decode_missing(const msg_schema *s, uint64_t seen, bool seen_id, bool seen_ep,
                                 proto_msg *out, char *err, size_t errlen) {
@@ -841,7 +861,8 @@ static k3_status decode_missing(const msg_schema *s, uint64_t seen, bool seen_id
                 stats_have = s->f[j].key;
             else
                 stats_miss = s->f[j].key;
-        } else if (!have && !((s->f[j].flags & FD_V11) && out->ver_minor < 1)) {
+        } else if (!have && !((s->f[j].flags & FD_V11) && out->ver_minor < 1) &&
+                   !(s->f[j].flags & FD_OPT)) {
             return k3_errf(K3_ERR_MISSING, err, errlen, "%s: missing key '%s'", tn, s->f[j].key);
         }
     }

@@ -129,6 +129,16 @@ typedef struct proto_stats_ok { /* cumulative since the worker started */
     uint32_t sessions; /* session states held now */
     double busy_ms;    /* total compute time */
     double read_ms;    /* total time waiting on reads */
+    /* version next, optional (absent = 0 / ""): the worker's identity, so a
+     * STATS probe (epoch 0, PROTOCOL.md 9) answers `k3-coordinator status`
+     * without registering */
+    char name[K3_PROTO_MAX_NAME];  /* worker name */
+    char build[K3_PROTO_MAX_NAME]; /* worker build identity */
+    char dirs[K3_PROTO_MAX_NAME];  /* shard directories it reads, comma-separated */
+    uint32_t layers[2];            /* half-open layer range [a, b) */
+    double read_gbps;              /* measured drive read GB/s, 0 = not measured */
+    double uptime_s;               /* seconds since the worker started */
+    bool registered;               /* a coordinator's HELLO is current (epoch != 0) */
 } proto_stats_ok;
 
 typedef struct proto_heartbeat {

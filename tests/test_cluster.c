@@ -471,6 +471,7 @@ static void test_malformed_worker(void) {
     proto_msg_init(&m, PROTO_MSG_HELLO, 2, 7);
     k3_link_numerics(g_mo.bits, g_mo.mla_bits, g_mo.head_bits, g_mo.idot, g_mo.dense_idot, 0,
                      &m.u.hello.num);
+    snprintf(m.u.hello.build, sizeof m.u.hello.build, "%s", k3_link_build());
     m.u.hello.fingerprint = fp ^ 1;
     proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
     raw_send(s, env, env_len, NULL, NULL, 0);
@@ -510,6 +511,7 @@ static void test_malformed_worker(void) {
             m.u.hello.fingerprint = fp;
             k3_link_numerics(g_mo.bits, g_mo.mla_bits, g_mo.head_bits, g_mo.idot, g_mo.dense_idot,
                              0, &m.u.hello.num);
+            snprintf(m.u.hello.build, sizeof m.u.hello.build, "%s", k3_link_build());
         } else if (types[ti] == PROTO_MSG_FORWARD) {
             m.u.forward =
                 (proto_forward){.session = 9, .step = 1, .n_tokens = 1, .hidden = (uint32_t)g_D};
@@ -732,6 +734,7 @@ static void test_epoch_and_stop(void) {
     proto_msg_init(&m, PROTO_MSG_HELLO, 1, 9);
     k3_link_numerics(g_mo.bits, g_mo.mla_bits, g_mo.head_bits, g_mo.idot, g_mo.dense_idot, 0,
                      &m.u.hello.num);
+    snprintf(m.u.hello.build, sizeof m.u.hello.build, "%s", k3_link_build());
     k3_model_fingerprint_dir(g_dir, g_cfg, g_mo.topp, &m.u.hello.fingerprint, err, sizeof err);
     proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
     raw_send(s, env, env_len, NULL, NULL, 0);
@@ -748,6 +751,7 @@ static void test_epoch_and_stop(void) {
     proto_msg_init(&m, PROTO_MSG_HELLO, 3, 10); /* epoch 10 while the step of epoch 9 runs */
     k3_link_numerics(g_mo.bits, g_mo.mla_bits, g_mo.head_bits, g_mo.idot, g_mo.dense_idot, 0,
                      &m.u.hello.num);
+    snprintf(m.u.hello.build, sizeof m.u.hello.build, "%s", k3_link_build());
     k3_model_fingerprint_dir(g_dir, g_cfg, g_mo.topp, &m.u.hello.fingerprint, err, sizeof err);
     proto_encode(&m, env, sizeof env, &env_len, err, sizeof err);
     raw_send(s, env, env_len, NULL, NULL, 0);
@@ -838,6 +842,7 @@ static void *fake_main(void *p) {
                                               .max_sessions = 4,
                                               .max_ctx = 64};
             snprintf(out.u.hello_ok.name, sizeof out.u.hello_ok.name, "fake");
+            snprintf(out.u.hello_ok.build, sizeof out.u.hello_ok.build, "%s", k3_link_build());
             proto_send(s, &fr.from, &out, NULL, NULL, 0, 0, err, sizeof err);
         } else if (m.type == PROTO_MSG_FORWARD) {
             const proto_forward *fw = &m.u.forward;

@@ -186,7 +186,8 @@ static int parse_range(const char *s, int *a, int *b) {
     return 0;
 }
 
-/* K3_WORKER_FAULT: "stall=N", "nozap" (comma-separated). */
+/* K3_WORKER_FAULT: "stall=N", "nozap", "build=ID" (another build identity:
+ * the refusal test of docs/DEPLOY.md), comma-separated. */
 static int parse_fault(const char *s, wk_opts *w) {
     if (!s) return 0;
     char buf[128];
@@ -194,6 +195,8 @@ static int parse_fault(const char *s, wk_opts *w) {
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         if (!strcmp(tok, "nozap"))
             w->zap_off = 1;
+        else if (!strncmp(tok, "build=", 6) && tok[6])
+            snprintf(w->build, sizeof w->build, "%s", tok + 6);
         else if (!strncmp(tok, "stall=", 6) && atoi(tok + 6) > 0)
             w->fault_stall_at = atoi(tok + 6);
         else if (!strncmp(tok, "slow=", 5) && atoi(tok + 5) > 0 && atoi(tok + 5) <= 60000)
@@ -219,7 +222,7 @@ static int check_opts(const wopts *o, int *a, int *b, wk_opts *w) {
         return 2;
     }
     if (parse_fault(o->fault, w)) {
-        fprintf(stderr, "k3-worker: K3_WORKER_FAULT='%s': expected stall=N, slow=MS or nozap\n",
+        fprintf(stderr, "k3-worker: K3_WORKER_FAULT='%s': expected stall=N, slow=MS, nozap or build=ID\n",
                 o->fault);
         return 2;
     }
@@ -373,6 +376,13 @@ static int run(const wopts *o) {
     int a = 0, b = 0;
     wk_opts w;
     memset(&w, 0, sizeof w);
+    w.start_ms = k3_now_ms();
+    snprintf(w.build, sizeof w.build, "%s", k3_link_build());
+    /* the stripe STATS_OK reports: the drives this worker reads ("" = the model dir) */
+    for (int i = 0; i < o->eng.dirs.n; i++) {
+        size_t used = strlen(w.dirs);
+        snprintf(w.dirs + used, sizeof w.dirs - used, "%s%s", i ? "," : "", o->eng.dirs.items[i]);
+    }
     int rc = check_opts(o, &a, &b, &w);
     if (rc) return rc;
     k3_allow_list allow = {0};

@@ -202,6 +202,8 @@ static void on_hello(wk *w, wk_req *r) {
     /* expected = what the coordinator asks for, got = what this worker is */
     k3_status st =
         proto_check_compat(h->fingerprint, &h->num, w->o->fingerprint, &w->o->num, err, sizeof err);
+    if (!st)
+        st = k3_link_check_build(h->build, "coordinator", w->o->build, "worker", err, sizeof err);
     if (st) {
         K3_WARN("%s: HELLO refused (coordinator build '%s'): %s", w->o->name, h->build, err);
         /* the peer is not registered: it is not told this worker's
@@ -241,7 +243,7 @@ static void on_hello(wk *w, wk_req *r) {
     o->max_sessions = (uint32_t)w->o->max_sessions;
     o->max_ctx = (uint32_t)w->o->max_ctx;
     o->read_gbps = w->o->read_gbps;
-    snprintf(o->build, sizeof o->build, "%s", K3_LINK_BUILD);
+    snprintf(o->build, sizeof o->build, "%s", w->o->build);
     snprintf(o->name, sizeof o->name, "%s", w->o->name);
     wk_send(w, &r->fr.from, &ok, NULL, NULL, 0);
 }
@@ -270,6 +272,15 @@ static void on_stats(wk *w, wk_req *r) {
      * step stops (clear_pending), but they are gone for the coordinator
      * already: a STATS answered from the layer hook in between says 0 */
     m.u.stats_ok.sessions = w->clear_pending ? 0 : (uint32_t)wk_sessions_count(w->sess);
+    proto_stats_ok *so = &m.u.stats_ok;
+    snprintf(so->name, sizeof so->name, "%s", w->o->name);
+    snprintf(so->build, sizeof so->build, "%s", w->o->build);
+    snprintf(so->dirs, sizeof so->dirs, "%s", w->o->dirs);
+    so->layers[0] = (uint32_t)w->layer_a;
+    so->layers[1] = (uint32_t)w->layer_b;
+    so->read_gbps = w->o->read_gbps;
+    so->uptime_s = (k3_now_ms() - w->o->start_ms) / 1000.0;
+    so->registered = w->epoch != 0;
     wk_send(w, &r->fr.from, &m, NULL, NULL, 0);
 }
 
@@ -312,6 +323,12 @@ static void dispatch(wk *w, wk_req *r) {
     case PROTO_MSG_CANCEL:
     case PROTO_MSG_STATS:
     case PROTO_MSG_SHUTDOWN:
+        /* STATS with epoch 0 is a probe (k3-coordinator status): answered
+         * whatever the registration, and it changes nothing */
+        if (r->msg.type == PROTO_MSG_STATS && r->msg.epoch == 0) {
+            on_stats(w, r);
+            break;
+        }
         if (!check_epoch(w, r)) break;
         if (r->msg.type == PROTO_MSG_CANCEL)
             on_cancel(w, r);
