@@ -83,6 +83,22 @@ DEPFLAGS := -MMD -MP
 COMPILE  = $(CC) $(K3_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS)
 K3_LDLIBS:= $(PKG_LIBS) -lm -pthread
 
+# The Vulkan expert tier (common/vk/, docs/VULKAN.md): compiled in when glslc
+# and the vulkan pkg-config module are here (K3_HAVE_VK; the shaders'
+# SPIR-V is embedded as C arrays); without them common/vk/vk.c builds its
+# stubs and --vk says the option is unavailable. VK=0 leaves it out.
+VK_SPV   := $(patsubst common/vk/shaders/%.comp,$(BUILD)/vk/%.spv.inc,$(wildcard common/vk/shaders/*.comp))
+ifneq ($(VK),0)
+ifeq ($(shell command -v glslc >/dev/null 2>&1 && pkg-config --exists vulkan 2>/dev/null && echo y),y)
+K3_CFLAGS += -DK3_HAVE_VK=1 -I$(BUILD)/vk
+K3_LDLIBS += $(shell pkg-config --libs vulkan)
+$(BUILD)/common/vk/vk.o: $(VK_SPV)
+endif
+endif
+$(BUILD)/vk/%.spv.inc: common/vk/shaders/%.comp
+	@mkdir -p $(dir $@)
+	glslc -O --target-env=vulkan1.1 -mfmt=num -o $@ $<
+
 LIB_SRC  := $(wildcard common/*/*.c) $(wildcard proto/*.c)
 COORD_SRC:= $(wildcard coordinator/*.c)
 WORK_SRC := $(wildcard worker/*.c)
