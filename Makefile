@@ -87,7 +87,8 @@ K3_LDLIBS:= $(PKG_LIBS) -lm -pthread
 # and the vulkan pkg-config module are here (K3_HAVE_VK; the shaders'
 # SPIR-V is embedded as C arrays); without them common/vk/vk.c builds its
 # stubs and --vk says the option is unavailable. VK=0 leaves it out.
-VK_SPV   := $(patsubst common/vk/shaders/%.comp,$(BUILD)/vk/%.spv.inc,$(wildcard common/vk/shaders/*.comp))
+VK_SPV   := $(patsubst common/vk/shaders/%.comp,$(BUILD)/vk/%.spv.inc,$(wildcard common/vk/shaders/*.comp)) \
+            $(BUILD)/vk/expert_f32.spv.inc
 ifneq ($(VK),0)
 ifeq ($(shell command -v glslc >/dev/null 2>&1 && pkg-config --exists vulkan 2>/dev/null && echo y),y)
 K3_CFLAGS += -DK3_HAVE_VK=1 -I$(BUILD)/vk
@@ -98,6 +99,9 @@ endif
 $(BUILD)/vk/%.spv.inc: common/vk/shaders/%.comp
 	@mkdir -p $(dir $@)
 	glslc -O --target-env=vulkan1.1 -mfmt=num -o $@ $<
+$(BUILD)/vk/%_f32.spv.inc: common/vk/shaders/%.comp
+	@mkdir -p $(dir $@)
+	glslc -O --target-env=vulkan1.1 -DK3_FMA_NATIVE -mfmt=num -o $@ $<
 
 LIB_SRC  := $(wildcard common/*/*.c) $(wildcard proto/*.c)
 COORD_SRC:= $(wildcard coordinator/*.c)

@@ -38,10 +38,11 @@ k3_status k3_vk_open(k3_vk **out, int device, double budget_gb, char *err, size_
 void k3_vk_close(k3_vk **vk) { *vk = NULL; }
 const char *k3_vk_device_name(const k3_vk *vk) { return (void)vk, "none"; }
 int k3_vk_is_cpu(const k3_vk *vk) { return (void)vk, 0; }
+int k3_vk_exact(const k3_vk *vk) { return (void)vk, 0; }
 uint64_t k3_vk_budget_bytes(const k3_vk *vk) { return (void)vk, 0; }
 uint64_t k3_vk_used_bytes(const k3_vk *vk) { return (void)vk, 0; }
-k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2,
-                              const k3_mxfp4 *w3, k3_vk_expert **out, char *err, size_t errlen) {
+k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2, const k3_mxfp4 *w3,
+                              k3_vk_expert **out, char *err, size_t errlen) {
     (void)vk, (void)w1, (void)w2, (void)w3;
     *out = NULL;
     return k3_errf(K3_ERR_STATE, err, errlen, "the Vulkan expert tier is unavailable");
@@ -57,9 +58,14 @@ k3_status k3_vk_expert_apply(k3_vk *vk, const k3_vk_expert *e, const float *z, i
 
 #include <vulkan/vulkan.h>
 
-/* glslc -mfmt=num output of common/vk/shaders/expert.comp (Makefile) */
+/* glslc -mfmt=num output of common/vk/shaders/expert.comp (Makefile): fused
+ * steps in double (the CPU's bits; needs shaderFloat64), and the variant
+ * with the device's own fma() for devices without float64. */
 static const uint32_t k3_vk_expert_spv[] = {
 #include "expert.spv.inc"
+};
+static const uint32_t k3_vk_expert_f32_spv[] = {
+#include "expert_f32.spv.inc"
 };
 
 #define VK_WAIT_NS (120ull * 1000000000ull) /* one call's limit: lavapipe at K3 size, n=32 */
@@ -95,6 +101,7 @@ struct k3_vk {
     vk_buf x, a, y; /* activations: z [n][L], SiTU [n][I], result [n][L] */
     uint64_t budget, used;
     int is_cpu;
+    int fma64;  /* 1: the float64 FMA shader (the CPU's bits) */
     int broken; /* a call timed out: the command buffer may still run */
     char name[VK_MAX_PHYSICAL_DEVICE_NAME_SIZE];
 };
@@ -217,9 +224,8 @@ static k3_status vk_setup(k3_vk *vk, int device, double budget_gb, char *err, si
         VkDeviceSize hs = mp.memoryHeaps[mp.memoryTypes[i].heapIndex].size;
         /* prefer device-local host-visible memory (resizable BAR, unified) */
         int local = !!(mp.memoryTypes[i].propertyFlags & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
-        int best_local = vk->memtype != UINT32_MAX &&
-                         (mp.memoryTypes[vk->memtype].propertyFlags &
-                          VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+        int best_local = vk->memtype != UINT32_MAX && (mp.memoryTypes[vk->memtype].propertyFlags &
+                                                       VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
         if (vk->memtype == UINT32_MAX || (local && !best_local) ||
             (local == best_local && hs > heap)) {
             vk->memtype = i;
@@ -238,6 +244,17 @@ static k3_status vk_setup(k3_vk *vk, int device, double budget_gb, char *err, si
         vk->budget = heap;
     }
 
+    VkPhysicalDeviceFeatures have, feat = {0};
+    vkGetPhysicalDeviceFeatures(vk->phys, &have);
+    vk->fma64 = have.shaderFloat64 == VK_TRUE;
+    const char *fma = getenv("K3_VK_FMA"); /* "native": the fma() shader (tests, comparisons) */
+    if (fma && strcmp(fma, "native") == 0) vk->fma64 = 0;
+    feat.shaderFloat64 = have.shaderFloat64;
+    if (!vk->fma64 && !(fma && strcmp(fma, "native") == 0))
+        k3_log(K3_LOG_WARN,
+               "vulkan: %s has no float64 in shaders: experts use the device's fma(), within "
+               "~1e-7 of the CPU but not the same bits (docs/VULKAN.md)",
+               vk->name);
     const float prio = 1.0f;
     VkDeviceQueueCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,
                                   .queueFamilyIndex = vk->qfam,
@@ -245,7 +262,8 @@ static k3_status vk_setup(k3_vk *vk, int device, double budget_gb, char *err, si
                                   .pQueuePriorities = &prio};
     VkDeviceCreateInfo di = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO,
                              .queueCreateInfoCount = 1,
-                             .pQueueCreateInfos = &qi};
+                             .pQueueCreateInfos = &qi,
+                             .pEnabledFeatures = &feat};
     VK_TRY(vkCreateDevice(vk->phys, &di, NULL, &vk->dev), "vkCreateDevice");
     vkGetDeviceQueue(vk->dev, vk->qfam, 0, &vk->queue);
 
@@ -263,19 +281,18 @@ static k3_status vk_setup(k3_vk *vk, int device, double budget_gb, char *err, si
 
     VkDescriptorSetLayoutBinding bind[4];
     for (int i = 0; i < 4; i++)
-        bind[i] = (VkDescriptorSetLayoutBinding){.binding = (uint32_t)i,
-                                                 .descriptorType =
-                                                     VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                 .descriptorCount = 1,
-                                                 .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
-    VkDescriptorSetLayoutCreateInfo dli = {
-        .sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
-        .bindingCount = 4,
-        .pBindings = bind};
+        bind[i] =
+            (VkDescriptorSetLayoutBinding){.binding = (uint32_t)i,
+                                           .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                           .descriptorCount = 1,
+                                           .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+    VkDescriptorSetLayoutCreateInfo dli = {.sType =
+                                               VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                                           .bindingCount = 4,
+                                           .pBindings = bind};
     VK_TRY(vkCreateDescriptorSetLayout(vk->dev, &dli, NULL, &vk->dsl),
            "vkCreateDescriptorSetLayout");
-    VkPushConstantRange pcr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT,
-                               .size = sizeof(vk_push)};
+    VkPushConstantRange pcr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .size = sizeof(vk_push)};
     VkPipelineLayoutCreateInfo pli = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO,
                                       .setLayoutCount = 1,
                                       .pSetLayouts = &vk->dsl,
@@ -283,8 +300,9 @@ static k3_status vk_setup(k3_vk *vk, int device, double budget_gb, char *err, si
                                       .pPushConstantRanges = &pcr};
     VK_TRY(vkCreatePipelineLayout(vk->dev, &pli, NULL, &vk->layout), "vkCreatePipelineLayout");
     VkShaderModuleCreateInfo si = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO,
-                                   .codeSize = sizeof k3_vk_expert_spv,
-                                   .pCode = k3_vk_expert_spv};
+                                   .codeSize = vk->fma64 ? sizeof k3_vk_expert_spv
+                                                         : sizeof k3_vk_expert_f32_spv,
+                                   .pCode = vk->fma64 ? k3_vk_expert_spv : k3_vk_expert_f32_spv};
     VK_TRY(vkCreateShaderModule(vk->dev, &si, NULL, &vk->shader), "vkCreateShaderModule");
     VkComputePipelineCreateInfo cpi = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
@@ -345,6 +363,7 @@ void k3_vk_close(k3_vk **pvk) {
 
 const char *k3_vk_device_name(const k3_vk *vk) { return vk->name; }
 int k3_vk_is_cpu(const k3_vk *vk) { return vk->is_cpu; }
+int k3_vk_exact(const k3_vk *vk) { return vk->fma64; }
 uint64_t k3_vk_budget_bytes(const k3_vk *vk) { return vk->budget; }
 uint64_t k3_vk_used_bytes(const k3_vk *vk) { return vk->used; }
 
@@ -352,8 +371,8 @@ static int shape_ok(const k3_mxfp4 *m, int rows, int cols) {
     return m->rows == rows && m->cols == cols && m->packed && m->scale;
 }
 
-k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2,
-                              const k3_mxfp4 *w3, k3_vk_expert **out, char *err, size_t errlen) {
+k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2, const k3_mxfp4 *w3,
+                              k3_vk_expert **out, char *err, size_t errlen) {
     *out = NULL;
     const int I = w1->rows, L = w1->cols;
     if (I <= 0 || L <= 0 || I % 32 || L % 32 || !shape_ok(w1, I, L) || !shape_ok(w2, L, I) ||
@@ -460,8 +479,8 @@ k3_status k3_vk_expert_apply(k3_vk *vk, const k3_vk_expert *e, const float *z, i
     VkMemoryBarrier hb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                           .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
                           .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
-    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                         VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &hb, 0, NULL, 0, NULL);
+    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT,
+                         0, 1, &hb, 0, NULL, 0, NULL);
     VK_TRY(vkEndCommandBuffer(vk->cmd), "vkEndCommandBuffer");
     VkSubmitInfo sub = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
                         .commandBufferCount = 1,

@@ -43,6 +43,9 @@ void k3_vk_close(k3_vk **vk);
 const char *k3_vk_device_name(const k3_vk *vk);
 /* 1 for a CPU implementation (lavapipe/llvmpipe). */
 int k3_vk_is_cpu(const k3_vk *vk);
+/* 1 when the device runs the float64-FMA shader, whose sums are the CPU
+ * exact-float kernel's bits; 0: the device's own fma() (within ~1e-7). */
+int k3_vk_exact(const k3_vk *vk);
 uint64_t k3_vk_budget_bytes(const k3_vk *vk);
 uint64_t k3_vk_used_bytes(const k3_vk *vk);
 
@@ -54,8 +57,8 @@ uint64_t k3_vk_expert_bytes(int inter, int latent);
  * multiples of 32) to the device. K3_ERR_LIMIT when it would pass the
  * budget or the device's buffer size limit (naming both), K3_ERR_ARG for
  * mismatched shapes, K3_ERR_NOMEM when the device refuses the memory. */
-k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2,
-                              const k3_mxfp4 *w3, k3_vk_expert **out, char *err, size_t errlen);
+k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2, const k3_mxfp4 *w3,
+                              k3_vk_expert **out, char *err, size_t errlen);
 void k3_vk_expert_free(k3_vk *vk, k3_vk_expert **e);
 
 /* y [n][L] = W2 SiTU(W1 z, W3 z) for n pairs z [n][L], computed on the

@@ -14,7 +14,21 @@
 // power-of-two product is a normal float), then the lane tree. SiTU ports
 // the CPU's exp/tanh (common/kernels/ops_isa.h) operation by operation.
 // Every result is `precise`: no contraction the CPU does not do.
+//
+// FMA: a device may run GLSL fma() as a multiply and an add (lavapipe does:
+// ~17 % of outputs then differ from the CPU by an ulp), so by default each
+// fused step is computed in double: the product of two floats is exact
+// there and the one rounding to float gives the fused result (built as
+// expert.spv.inc; needs shaderFloat64). Built with -DK3_FMA_NATIVE
+// (expert_f32.spv.inc) it uses fma() as the device gives it, for devices
+// without float64: rel-L2 ~1e-7 from the CPU, not the same bits.
 #version 450
+#ifdef K3_FMA_NATIVE
+#define FMA(a, b, c) fma(a, b, c)
+#else
+#extension GL_ARB_gpu_shader_fp64 : enable
+#define FMA(a, b, c) float(fma(double(a), double(b), double(c)))
+#endif
 
 layout(local_size_x = 64) in;
 
@@ -73,7 +87,7 @@ float mx_row(uint pb, uint sb, uint cols, uint src, uint xb) {
                 float x0 = src == 0u ? x[c] : a[c];
                 float x1 = src == 0u ? x[c + 1u] : a[c + 1u];
                 precise float gs = D2[b & 15u] * x0;
-                gs = fma(D2[b >> 4], x1, gs);
+                gs = FMA(D2[b >> 4], x1, gs);
                 l[k] = l[k] + scaled(gs, s);
             }
         }
@@ -92,9 +106,12 @@ const float C7 = 1.0 / 5040.0, C6 = 1.0 / 720.0, C5 = 1.0 / 120.0, C4 = 1.0 / 24
 // quotient takes one residual correction: r = a - q b is exact by fma.
 float div_rn(float an, float bd) {
     precise float q = an / bd;
+#ifdef K3_FMA_NATIVE
+    return q; // an unfused residual would make it worse
+#endif
     if (isinf(bd) || isinf(q) || isnan(q) || q == 0.0) return q;
-    precise float r = fma(-q, bd, an);
-    precise float q1 = fma(r, 1.0 / bd, q);
+    precise float r = FMA(-q, bd, an);
+    precise float q1 = FMA(r, 1.0 / bd, q);
     return q1;
 }
 
@@ -104,16 +121,16 @@ float exp_k3(float xi) {
     if (isnan(xi)) return xi + xi;
     precise float xc = min(max(xi, -104.0), 89.0);
     precise float nn = roundEven(xc * LOG2E);
-    precise float r = fma(nn, -LN2_HI, xc);
-    r = fma(nn, -LN2_LO, r);
+    precise float r = FMA(nn, -LN2_HI, xc);
+    r = FMA(nn, -LN2_LO, r);
     precise float p = C7;
-    p = fma(p, r, C6);
-    p = fma(p, r, C5);
-    p = fma(p, r, C4);
-    p = fma(p, r, C3);
-    p = fma(p, r, C2);
-    p = fma(p, r, 1.0);
-    p = fma(p, r, 1.0);
+    p = FMA(p, r, C6);
+    p = FMA(p, r, C5);
+    p = FMA(p, r, C4);
+    p = FMA(p, r, C3);
+    p = FMA(p, r, C2);
+    p = FMA(p, r, 1.0);
+    p = FMA(p, r, 1.0);
     precise float n1 = trunc(nn * 0.5), n2 = nn - n1;
     precise float res = (p * pow2i(n1)) * pow2i(n2);
     return res;
@@ -123,17 +140,17 @@ float tanh_k3(float xi) {
     if (isnan(xi)) return xi + xi;
     precise float yy = min(2.0 * abs(xi), 19.0);
     precise float nn = roundEven(yy * LOG2E);
-    precise float r = fma(nn, -LN2_HI, yy);
-    r = fma(nn, -LN2_LO, r);
+    precise float r = FMA(nn, -LN2_HI, yy);
+    r = FMA(nn, -LN2_LO, r);
     precise float q = C7;
-    q = fma(q, r, C6);
-    q = fma(q, r, C5);
-    q = fma(q, r, C4);
-    q = fma(q, r, C3);
-    q = fma(q, r, C2);
-    precise float pm1 = fma(r * r, q, r);
+    q = FMA(q, r, C6);
+    q = FMA(q, r, C5);
+    q = FMA(q, r, C4);
+    q = FMA(q, r, C3);
+    q = FMA(q, r, C2);
+    precise float pm1 = FMA(r * r, q, r);
     precise float s = pow2i(nn);
-    precise float e = fma(s, pm1, s - 1.0);
+    precise float e = FMA(s, pm1, s - 1.0);
     precise float t = div_rn(e, e + 2.0);
     return (floatBitsToUint(xi) & 0x80000000u) != 0u ? -abs(t) : abs(t);
 }
