@@ -119,7 +119,7 @@ TINY     := $(FIXTURES)/tiny
 CACHE    ?= $(HOME)/.cache/k3shard
 
 .PHONY: all deps test run asan ubsan tsan fuzz format format-check clean \
-        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-ab \
+        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-ab bench-vk \
         tests-bin fuzz-bin
 
 all: $(PROGS)
@@ -217,7 +217,7 @@ format:
 format-check:
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 
-bench-experts bench-kernels bench-layers bench-cluster bench-drives: tests-bin
+bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-vk: tests-bin
 	BUILD=$(BUILD) CACHE=$(CACHE) bash tests/bench/$@.sh
 
 # Two revisions' kernel side by side: make bench-ab A=52c3c6c B=. K=int4 N=1
