@@ -27,7 +27,7 @@
 #define FMA(a, b, c) fma(a, b, c)
 #else
 #extension GL_ARB_gpu_shader_fp64 : enable
-#define FMA(a, b, c) float(fma(double(a), double(b), double(c)))
+#define FMA(a, b, c) fma_rn(a, b, c)
 #endif
 
 layout(local_size_x = 64) in;
@@ -45,6 +45,36 @@ layout(push_constant) uniform Pc {
     float b1;   // situ_b1
     float b2;   // situ_b2
 } pc;
+
+#ifndef K3_FMA_NATIVE
+// round(a b + c) to float, one rounding: the double product is exact; the
+// double sum s plus its exact error e (TwoSum) is rounded to odd (an inexact
+// s with an even last bit moves one double ulp towards e), and a 53-bit
+// round-to-odd value rounds to float (24 bits) as the exact sum would. A
+// plain double sum fails when c is far below a b and a b lies on a float
+// halfway point: the tie would then be broken by c's sign, not by "even".
+float fma_rn(float a, float b, float c) {
+    precise double p = double(a) * double(b), cd = double(c);
+    precise double sd = p + cd;
+    precise double bb = sd - p;
+    precise double e = (p - (sd - bb)) + (cd - bb);
+    if (e != 0.0 && !isinf(sd) && !isnan(sd)) {
+        uvec2 u = unpackDouble2x32(sd); // x: low word, y: high word
+        if ((u.x & 1u) == 0u) {
+            bool up = (e > 0.0) == (sd > 0.0); // away from zero when e has s's sign
+            if (up) {
+                u.x += 1u;
+                if (u.x == 0u) u.y += 1u;
+            } else {
+                if (u.x == 0u) u.y -= 1u;
+                u.x -= 1u;
+            }
+            sd = packDouble2x32(u);
+        }
+    }
+    return float(sd);
+}
+#endif
 
 const float D2[16] = float[16](0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0,
                                -0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0);
