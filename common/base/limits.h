@@ -80,4 +80,9 @@
 #define K3_SERVE_MAX_PARTS      1024 /* content parts per message */
 #define K3_SERVE_MAX_QUEUE      1024 /* --max-queue: requests admitted at once */
 
+/* ---- Vulkan expert tier (common/vk/, docs/VULKAN.md) ---- */
+#define K3_VK_MAX_PAIRS 65535 /* pairs per expert call: the workgroup count's guaranteed minimum   \
+                               */
+#define K3_VK_WAIT_S 120      /* one call's fence wait; lavapipe runs a K3 expert, n=4, in ~2 s */
+
 #endif

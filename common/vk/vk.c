@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/base/limits.h"
 #include "common/base/log.h"
 
 int k3_vk_built(void) {
@@ -68,7 +69,7 @@ static const uint32_t k3_vk_expert_f32_spv[] = {
 #include "expert_f32.spv.inc"
 };
 
-#define VK_WAIT_NS (120ull * 1000000000ull) /* one call's limit: lavapipe at K3 size, n=32 */
+#define VK_WAIT_NS ((uint64_t)K3_VK_WAIT_S * 1000000000ull)
 
 typedef struct vk_buf {
     VkBuffer buf;
@@ -432,11 +433,11 @@ k3_status k3_vk_expert_apply(k3_vk *vk, const k3_vk_expert *e, const float *z, i
     const int I = e->inter, L = e->latent;
     const VkDeviceSize xb = (VkDeviceSize)n * L * sizeof(float);
     const VkDeviceSize ab = (VkDeviceSize)n * I * sizeof(float);
-    if (xb > vk->max_range || ab > vk->max_range || n > 65535)
+    if (xb > vk->max_range || ab > vk->max_range || n > K3_VK_MAX_PAIRS)
         return k3_errf(K3_ERR_LIMIT, err, errlen,
                        "vulkan: %d pairs of %d and %d floats pass %s's limits (%llu bytes per "
-                       "buffer, 65535 pairs)",
-                       n, L, I, vk->name, (unsigned long long)vk->max_range);
+                       "buffer, %d pairs)",
+                       n, L, I, vk->name, (unsigned long long)vk->max_range, K3_VK_MAX_PAIRS);
     k3_status st;
     if ((st = buf_need(vk, &vk->x, xb, err, errlen)) != K3_OK ||
         (st = buf_need(vk, &vk->a, ab, err, errlen)) != K3_OK ||
