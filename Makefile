@@ -84,6 +84,26 @@ DEPFLAGS := -MMD -MP
 COMPILE  = $(CC) $(K3_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS)
 K3_LDLIBS:= $(PKG_LIBS) -lm -pthread
 
+# The Vulkan expert tier (common/vk/, docs/VULKAN.md): compiled in when glslc
+# and the vulkan pkg-config module are here (K3_HAVE_VK; the shaders'
+# SPIR-V is embedded as C arrays); without them common/vk/vk.c builds its
+# stubs and --vk says the option is unavailable. VK=0 leaves it out.
+VK_SPV   := $(patsubst common/vk/shaders/%.comp,$(BUILD)/vk/%.spv.inc,$(wildcard common/vk/shaders/*.comp)) \
+            $(BUILD)/vk/expert_f32.spv.inc
+ifneq ($(VK),0)
+ifeq ($(shell command -v glslc >/dev/null 2>&1 && pkg-config --exists vulkan 2>/dev/null && echo y),y)
+K3_CFLAGS += -DK3_HAVE_VK=1 -I$(BUILD)/vk
+K3_LDLIBS += $(shell pkg-config --libs vulkan)
+$(BUILD)/common/vk/vk.o: $(VK_SPV)
+endif
+endif
+$(BUILD)/vk/%.spv.inc: common/vk/shaders/%.comp
+	@mkdir -p $(dir $@)
+	glslc -O --target-env=vulkan1.1 -mfmt=num -o $@ $<
+$(BUILD)/vk/%_f32.spv.inc: common/vk/shaders/%.comp
+	@mkdir -p $(dir $@)
+	glslc -O --target-env=vulkan1.1 -DK3_FMA_NATIVE -mfmt=num -o $@ $<
+
 LIB_SRC  := $(wildcard common/*/*.c) $(wildcard proto/*.c)
 COORD_SRC:= $(wildcard coordinator/*.c)
 # The web UI's files (docs/WEB.md), compiled into the coordinator as byte
@@ -105,7 +125,7 @@ TINY     := $(FIXTURES)/tiny
 CACHE    ?= $(HOME)/.cache/k3shard
 
 .PHONY: all deps test run asan ubsan tsan fuzz format format-check clean reliability \
-        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-ab \
+        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-ab bench-vk \
         tests-bin fuzz-bin
 
 all: $(PROGS)
@@ -224,7 +244,7 @@ format:
 format-check:
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 
-bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve: tests-bin
+bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-vk: tests-bin
 	BUILD=$(BUILD) CACHE=$(CACHE) bash tests/bench/$@.sh
 
 # Two revisions' kernel side by side: make bench-ab A=52c3c6c B=. K=int4 N=1
