@@ -222,7 +222,8 @@ static int check_opts(const wopts *o, int *a, int *b, wk_opts *w) {
         return 2;
     }
     if (parse_fault(o->fault, w)) {
-        fprintf(stderr, "k3-worker: K3_WORKER_FAULT='%s': expected stall=N, slow=MS, nozap or build=ID\n",
+        fprintf(stderr,
+                "k3-worker: K3_WORKER_FAULT='%s': expected stall=N, slow=MS, nozap or build=ID\n",
                 o->fault);
         return 2;
     }

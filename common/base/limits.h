@@ -99,8 +99,9 @@
                    GB/s sequential reads, small next to RAM */
 
 /* ---- Vulkan expert tier (common/vk/, docs/VULKAN.md) ---- */
-#define K3_VK_MAX_PAIRS 65535 /* pairs per expert call: the workgroup count's guaranteed minimum   \
-                               */
-#define K3_VK_WAIT_S 120      /* one call's fence wait; lavapipe runs a K3 expert, n=4, in ~2 s */
+#define K3_VK_MAX_PAIRS                                                                            \
+    65535                /* pairs per expert call: the workgroup count's guaranteed minimum        \
+                          */
+#define K3_VK_WAIT_S 120 /* one call's fence wait; lavapipe runs a K3 expert, n=4, in ~2 s */
 
 #endif
