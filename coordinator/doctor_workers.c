@@ -50,7 +50,8 @@ k3_status k3_probe_worker(const char *ep, uint64_t fingerprint, int timeout_ms,
     req.u.hello.fingerprint = fingerprint;
     k3_link_numerics(env_int("K3_BITS", 4), env_int("K3_MLA_BITS", 8), env_int("K3_HEAD_BITS", 8),
                      env_int("K3_IDOT", 1), env_int("K3_DENSE_IDOT", 0), 0, &req.u.hello.num);
-    snprintf(req.u.hello.build, sizeof req.u.hello.build, "%s (doctor)", K3_LINK_BUILD);
+    /* this build's identity: a worker refuses any other (docs/PROTOCOL.md 9) */
+    snprintf(req.u.hello.build, sizeof req.u.hello.build, "%s", k3_link_build());
     if (!st) st = proto_send(sock, NULL, &req, NULL, NULL, 0, ZMQ_DONTWAIT, err, errlen);
     double t_end = mono_ms() + timeout_ms;
     proto_frames fr;

@@ -136,10 +136,17 @@ int main(void) {
     proto_msg_init(&h, PROTO_MSG_HELLO, 1, EP);
     h.u.hello.fingerprint = fp;
     k3_link_numerics(mo.bits, mo.mla_bits, mo.head_bits, mo.idot, mo.dense_idot, 0, &h.u.hello.num);
+    snprintf(h.u.hello.build, sizeof h.u.hello.build, "%s", k3_link_build());
     send_msg(co, &h);
     int ok = reply(co, &r, 20000) && r.type == PROTO_MSG_HELLO_OK;
     CHECK(ok, "worker registered the coordinator (%s)", ok ? "HELLO_OK" : "no HELLO_OK");
-    if (!ok) goto out;
+    if (!ok) { /* the worker's own words say why */
+        FILE *lf = fopen(logp, "r");
+        char line[512];
+        while (lf && fgets(line, sizeof line, lf)) printf("# worker: %s", line);
+        if (lf) fclose(lf);
+        goto out;
+    }
     uint64_t id = 10;
     proto_msg_init(&h, PROTO_MSG_STATS, ++id, EP);
     send_msg(co, &h);
