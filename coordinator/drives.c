@@ -104,15 +104,20 @@ static int write_probe(const char *dir, uint64_t bytes, char *path, size_t n, ch
     snprintf(path, n, "%s/.k3_probe", dir);
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        snprintf(note, nl, "cannot write the probe file %s: %s", path, strerror(errno));
+        snprintf(note, nl, "cannot write the probe file %.160s: %s", path, strerror(errno));
         return -1;
     }
     unsigned char *buf = malloc(SEQ_REQ);
+    if (!buf) {
+        snprintf(note, nl, "no memory for the probe's %d-byte buffer", (int)SEQ_REQ);
+        close(fd);
+        return -1;
+    }
     for (size_t i = 0; i < SEQ_REQ; i++) buf[i] = (unsigned char)(i * 131u + 7u);
     int rc = 0;
     for (uint64_t w = 0; w < bytes && !rc; w += SEQ_REQ)
         if (write(fd, buf, SEQ_REQ) != (ssize_t)SEQ_REQ) {
-            snprintf(note, nl, "writing the probe file %s: %s", path, strerror(errno));
+            snprintf(note, nl, "writing the probe file %.160s: %s", path, strerror(errno));
             rc = -1;
         }
     if (!rc) (void)fsync(fd);

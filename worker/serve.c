@@ -181,7 +181,7 @@ static int wk_peer_eq(const proto_peer *a, const proto_peer *b) {
  * coordinator it displaces is told at once, naming the newcomer, instead
  * of finding its steps unanswered (PROTOCOL.md "Displacement"). */
 static void wk_displaced(wk *w, const wk_req *r) {
-    char who[96] = "", msg[200];
+    char who[17] = "", msg[256]; /* 8 id bytes in hex; the text below fits */
     for (size_t i = 0; i < r->fr.from.len && i < 8; i++)
         snprintf(who + 2 * i, sizeof who - 2 * i, "%02x", r->fr.from.id[i]);
     snprintf(msg, sizeof msg,
