@@ -16,4 +16,12 @@ case "${TSAN_OPTIONS:-}" in
 *) TSAN_OPTIONS="suppressions=$_k3_supp halt_on_error=0 exitcode=66 second_deadlock_stack=1${TSAN_OPTIONS:+ $TSAN_OPTIONS}" ;;
 esac
 export TSAN_OPTIONS
-unset _k3_supp
+# LeakSanitizer (make asan): tests/lsan.supp names the leaks of libraries we
+# call (libedit's wide-character strings), never one of k3shard's own.
+_k3_lsupp="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lsan.supp"
+case "${LSAN_OPTIONS:-}" in
+*suppressions=*) ;;
+*) LSAN_OPTIONS="suppressions=$_k3_lsupp${LSAN_OPTIONS:+:$LSAN_OPTIONS}" ;;
+esac
+export LSAN_OPTIONS
+unset _k3_supp _k3_lsupp
