@@ -388,9 +388,17 @@ got=$(complete d8)
 # ---- D9: CURVE on the wire ----
 # the envelope's msgpack keys ("pos0", "sess") and the embedding row of the
 # prompt's first token would be in a plain capture
-ip netns exec "$(ns 1)" tcpdump -i eth0 -w "$T/curve.pcap" -U tcp >/dev/null 2>&1 &
-tpid=$!
-sleep 0.5
+# tcpdump says "listening on" once it captures: under load that takes more
+# than the half second a short run lasts, so each capture waits for it
+capture() { # file filter...: starts tcpdump on host 1's eth0, tpid its pid
+    local f=$1
+    shift
+    : >"$f.err"
+    ip netns exec "$(ns 1)" tcpdump -i eth0 -w "$f" -U "$@" >/dev/null 2>"$f.err" &
+    tpid=$!
+    for _ in $(seq 100); do grep -q 'listening on' "$f.err" && return 0; sleep 0.1; done
+}
+capture "$T/curve.pcap" tcp
 complete d9 >/dev/null
 sleep 0.3
 kill "$tpid"
@@ -406,12 +414,10 @@ read -r cbytes cplain < <(plain_in "$T/curve.pcap")
 on_bg 1 "$T/hosts/depw1/opt/k3shard/bin/k3-worker" --model "$TINY" --layers 0-8 \
     --listen "tcp://${ADDR[1]}:5590" --insecure --threads 1 --no-bench </dev/null >"$T/plain_w.log" 2>&1
 for _ in $(seq 40); do grep -q serving "$T/plain_w.log" && break; sleep 0.1; done
-ip netns exec "$(ns 1)" tcpdump -i eth0 -w "$T/plain.pcap" -U tcp port 5590 >/dev/null 2>&1 &
-tpid=$!
-sleep 0.5
+capture "$T/plain.pcap" tcp port 5590
 on 0 "$CB/k3-coordinator" --model "$T/hosts/depc/var/lib/k3/model" --workers "tcp://${ADDR[1]}:5590" \
     --insecure --ids 5,7,9 --ngen 2 --threads 1 >/dev/null 2>&1
-sleep 0.3
+sleep 1
 kill "$tpid"
 wait "$tpid" 2>/dev/null
 read -r pbytes pplain < <(plain_in "$T/plain.pcap")
