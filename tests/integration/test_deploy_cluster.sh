@@ -396,11 +396,12 @@ capture() { # file filter...: starts tcpdump on host 1's eth0, tpid its pid
     : >"$f.err"
     ip netns exec "$(ns 1)" tcpdump -i eth0 -w "$f" -U "$@" >/dev/null 2>"$f.err" &
     tpid=$!
-    for _ in $(seq 100); do grep -q 'listening on' "$f.err" && return 0; sleep 0.1; done
+    for _ in $(seq 100); do grep -q 'listening on' "$f.err" && break; sleep 0.1; done
+    sleep 0.5
 }
 capture "$T/curve.pcap" tcp
 complete d9 >/dev/null
-sleep 0.3
+sleep 1
 kill "$tpid"
 wait "$tpid" 2>/dev/null
 plain_in() { python3 - "$1" <<'EOF'
