@@ -581,13 +581,7 @@ static int parse_cli(int argc, char **argv, chat_opts *o, k3_opt_src *src) {
 }
 
 static void engine_settings(const chat_opts *o, const k3_opt_src *src, k3_engine_open_opts *eo) {
-    k3_engine_open_opts_default(eo);
-    eo->eng = &o->eng;
-    eo->bits_explicit = src[k3_opts_find(chat_table, N_CHAT_OPTS, "bits")] != K3_OPT_SRC_DEFAULT;
-    eo->usage_flag = src[k3_opts_find(chat_table, N_CHAT_OPTS, "usage")] == K3_OPT_SRC_FLAG;
-    k3_cluster_opts_from_cli(&eo->cluster, &o->cl);
-    eo->max_resumes = o->cl.retry.resumes;
-    eo->resume_wait_ms = o->cl.retry.resume_wait_ms;
+    k3_engine_open_opts_from_cli(eo, &o->eng, &o->cl, chat_table, N_CHAT_OPTS, src);
     eo->chunk = o->chunk;
     eo->progress = 0; /* the spinner shows the prefill */
     eo->n_sessions = 1;

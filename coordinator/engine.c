@@ -55,6 +55,18 @@ void k3_engine_open_opts_default(k3_engine_open_opts *o) {
     o->resume_wait_ms = K3_CLUSTER_RESUME_WAIT_MS;
 }
 
+void k3_engine_open_opts_from_cli(k3_engine_open_opts *o, const k3_engine_opts *eng,
+                                  const k3_cluster_cli *cl, const k3_opt *table, int n_table,
+                                  const k3_opt_src *src) {
+    k3_engine_open_opts_default(o);
+    o->eng = eng;
+    o->bits_explicit = src[k3_opts_find(table, n_table, "bits")] != K3_OPT_SRC_DEFAULT;
+    o->usage_flag = src[k3_opts_find(table, n_table, "usage")] == K3_OPT_SRC_FLAG;
+    k3_cluster_opts_from_cli(&o->cluster, cl);
+    o->max_resumes = cl->retry.resumes;
+    o->resume_wait_ms = cl->retry.resume_wait_ms;
+}
+
 /* ---- open / close --------------------------------------------------------- */
 
 static int file_exists(const char *dir, const char *name) {

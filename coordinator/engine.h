@@ -71,6 +71,14 @@ typedef struct k3_engine_open_opts {
  * workers), chunk 32, progress on, 16 sessions, K3_CLUSTER_RESUMES resumes of at most
  * K3_CLUSTER_RESUME_WAIT_MS. */
 void k3_engine_open_opts_default(k3_engine_open_opts *o);
+/* The defaults, then what every front end (the CLI, serve, chat) takes from
+ * its option table alike: the engine rows eng (borrowed), whether --bits and
+ * --usage came from the command line (src of table's rows "bits" and
+ * "usage"), the trunk of the cluster rows cl and their replay back-offs.
+ * The caller sets the rest (chunk, progress, sessions, ...). */
+void k3_engine_open_opts_from_cli(k3_engine_open_opts *o, const k3_engine_opts *eng,
+                                  const k3_cluster_cli *cl, const k3_opt *table, int n_table,
+                                  const k3_opt_src *src);
 
 /* Loads the model (the global tensors; every layer too when in-process),
  * the tokenizer when the directory has tiktoken.model (a broken one is an

@@ -626,16 +626,9 @@ static int parse_cli(int argc, char **argv, coord_opts *o, k3_opt_src *src, char
  * is in-process for --local 0, else the cluster of --workers or of --local
  * N worker processes. */
 static void engine_settings(const coord_opts *o, const k3_opt_src *src, k3_engine_open_opts *eo) {
-    k3_engine_open_opts_default(eo);
-    eo->eng = &o->eng;
-    eo->bits_explicit = src[k3_opts_find(coord_table, N_COORD_OPTS, "bits")] != K3_OPT_SRC_DEFAULT;
-    eo->usage_flag = src[k3_opts_find(coord_table, N_COORD_OPTS, "usage")] == K3_OPT_SRC_FLAG;
-    k3_cluster_opts *co = &eo->cluster;
-    k3_cluster_opts_from_cli(co, &o->cl);
-    co->max_sessions = o->max_sessions;
-    co->pipe_chunk = o->pipe_chunk;
-    eo->max_resumes = o->cl.retry.resumes;
-    eo->resume_wait_ms = o->cl.retry.resume_wait_ms;
+    k3_engine_open_opts_from_cli(eo, &o->eng, &o->cl, coord_table, N_COORD_OPTS, src);
+    eo->cluster.max_sessions = o->max_sessions;
+    eo->cluster.pipe_chunk = o->pipe_chunk;
     eo->want_trace = o->trace != NULL;
     eo->chunk = o->chunk;
     eo->progress = 1;

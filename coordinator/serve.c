@@ -713,14 +713,7 @@ static int wait_zero(server *s, const int *count, int secs) {
 }
 
 static void engine_settings(const serve_opts *o, const k3_opt_src *src, k3_engine_open_opts *eo) {
-    k3_engine_open_opts_default(eo);
-    eo->eng = &o->eng;
-    eo->bits_explicit = src[k3_opts_find(serve_table, N_SERVE_OPTS, "bits")] != K3_OPT_SRC_DEFAULT;
-    eo->usage_flag = src[k3_opts_find(serve_table, N_SERVE_OPTS, "usage")] == K3_OPT_SRC_FLAG;
-    k3_cluster_opts *co = &eo->cluster;
-    k3_cluster_opts_from_cli(co, &o->cl);
-    eo->max_resumes = o->cl.retry.resumes;
-    eo->resume_wait_ms = o->cl.retry.resume_wait_ms;
+    k3_engine_open_opts_from_cli(eo, &o->eng, &o->cl, serve_table, N_SERVE_OPTS, src);
     eo->chunk = o->chunk;
     eo->progress = 0; /* no stderr line per prefill chunk of every request */
     eo->n_sessions = o->max_sessions;
