@@ -66,6 +66,8 @@ if grep -q '^data: {"error":' "$T/stream" && [ "$ms" -le $((2 * TTL_MS)) ]; then
 else
     bad "kill -9 mid-stream: error event after $ms ms: $(grep -v '"text"' "$T/stream" | tail -c 300)"
 fi
+# a row of make reliability's table (tests/reliability/row_http.sh)
+echo "# row|HTTP: kill -9 of a worker during a stream (--resumes 0)|1|n/a (the client gets an SSE error, then [DONE])|$(grep -c '^data: {"error":' "$T/stream") SSE error event|-|$ms ms to the error event"
 tail -2 "$T/stream" | grep -q '^data: \[DONE\]$' && ok "the failed stream ends with [DONE]" ||
     bad "the failed stream does not end with [DONE]: $(tail -c 200 "$T/stream")"
 
@@ -132,6 +134,8 @@ rss1=$(rss)
 kill "${HOLD[@]}" 2>/dev/null
 wait "${HOLD[@]}" 2>/dev/null
 echo "# flood: $(cat "$T/flood"); VmRSS $rss0 -> $rss1 KiB"
+hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$SRV/status")
+echo "# row|HTTP: a flood of 5000 requests (200 connections at once) while 2 generations fill --max-queue 2|5000|real traffic answered (the 2 generations run on)|$(grep -o '200=[0-9]*' "$T/flood"), $(grep -o '429=[0-9]*' "$T/flood") all with Retry-After|$hwm kB (server peak; VmRSS +$(((rss1 - rss0) / 1024)) MiB)|-"
 if $PY - "$(cat "$T/flood")" <<'EOF'; then
 import sys
 kv = dict(x.split("=") for x in sys.argv[1].split())
@@ -210,6 +214,7 @@ print("closed=%d max_closed_s=%.1f r408=%d max_408_s=%.1f health_ms=%d" %
       (len(c), max(c or [0]), len(b), max(b or [0]), res["health_ms"]))
 EOF
 echo "# slow-loris: $(cat "$T/loris")"
+echo "# row|HTTP: slow-loris: 30 connections stuck in their headers, 5 bodies trickled at 1 byte / 0.35 s (--conn-timeout-s 2)|35|/health answered meanwhile in $(grep -o 'health_ms=[0-9-]*' "$T/loris" | cut -d= -f2) ms|$(grep -o 'closed=[0-9]*' "$T/loris" | cut -d= -f2) + $(grep -o 'r408=[0-9]*' "$T/loris" | cut -d= -f2) closed by the server|$(awk '/^VmHWM:/ {print $2}' "/proc/$SRV/status") kB|$(grep -o 'max_closed_s=[0-9.]*' "$T/loris" | cut -d= -f2) s to the last close"
 read -r closed maxc r408 max408 hms <<<"$(tr '=' ' ' <"$T/loris" | awk '{print $2, $4, $6, $8, $10}')"
 [ "$closed" = 30 ] && $PY -c "import sys; sys.exit(0 if $maxc <= 4.0 else 1)" &&
     ok "30 connections stuck in their headers are all closed, the last after $maxc s (timeout 2 s)" ||
