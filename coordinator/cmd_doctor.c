@@ -20,6 +20,7 @@
 #include "coordinator/doctor_workers.h"
 #include "coordinator/drives.h"
 #include "coordinator/model_info.h"
+#include "proto/link.h"
 
 typedef struct doctor_cli {
     char *model;
@@ -41,8 +42,9 @@ static const k3_opt doctor_table[] = {
      .offset = O(workers),
      .max = 64,
      .metavar = "tcp://H:P,..",
-     .help = "worker endpoints: one HELLO each reports its protocol version, build and layers "
-             "(run before the coordinator starts: the probe registers with the worker)"},
+     .help = "worker endpoints: a STATS probe each (protocol version, build, layers; no "
+             "registration), then a HELLO (model, settings) only to a worker no coordinator "
+             "holds"},
     {.name = "deep",
      .flag = "--deep",
      .type = K3_OPT_BOOL,
@@ -320,22 +322,25 @@ static void check_drives(report *r, const doctor_cli *c, const k3_model_info *mi
     }
 }
 
-/* One HELLO per worker (doctor_workers.h). */
+/* One STATS probe per worker, then a HELLO (model and settings) only to an
+ * idle one (doctor_workers.h): a running coordinator is never displaced. */
 static void check_workers(report *r, const doctor_cli *c) {
     if (!c->workers.n) return;
     k3_config cfg;
     uint64_t fp = 0;
     char err[1024];
-    if (k3_config_load(&cfg, c->model, 0, err, sizeof err) ||
-        k3_model_fingerprint_dir(c->model, &cfg, 0, &fp, err, sizeof err)) {
-        line(r, 0, "workers", "fix the model first (the lines above)",
-             "cannot probe: no model fingerprint: %s", err);
-        return;
-    }
+    int have_fp = !k3_config_load(&cfg, c->model, 0, err, sizeof err) &&
+                  !k3_model_fingerprint_dir(c->model, &cfg, 0, &fp, err, sizeof err);
     for (int i = 0; i < c->workers.n; i++) {
         const char *ep = c->workers.items[i];
         k3_worker_probe pr;
-        k3_status st = k3_probe_worker(ep, fp, 3000, &pr, err, sizeof err);
+        k3_status st = k3_probe_worker_stats(ep, 3000, &pr, err, sizeof err);
+        const proto_stats_ok *s = &pr.stats;
+        char id[768] = "";
+        if (!st)
+            snprintf(id, sizeof id, "%s: %s, build '%s', protocol %u.%u, layers %u-%u, %.2f GB/s",
+                     ep, s->name, s->build, pr.ver_major, pr.ver_minor, s->layers[0],
+                     s->layers[1] ? s->layers[1] - 1 : 0, s->read_gbps);
         if (st) {
             line(r, 0, "worker",
                  st == K3_ERR_TIMEOUT ? "start the worker (k3-worker --listen EP ...), or check "
@@ -346,11 +351,22 @@ static void check_workers(report *r, const doctor_cli *c) {
             line(r, 0, "worker", "run the same k3shard release on the coordinator and workers",
                  "%s: protocol %u.%u, this coordinator speaks %d.%d", ep, pr.ver_major,
                  pr.ver_minor, PROTO_VERSION_MAJOR, PROTO_VERSION_MINOR);
-        } else if (pr.accepted) {
+        } else if (s->build[0] && k3_link_check_build(k3_link_build(), "coordinator", s->build,
+                                                      "worker", err, sizeof err)) {
+            line(r, 0, "worker", "run the same k3shard build on the coordinator and workers",
+                 "%s: %s", ep, err);
+        } else if (s->registered) {
             line(r, 1, "worker", NULL,
-                 "%s: %s, build '%s', protocol %u.%u, layers %u-%u, %.2f GB/s", ep, pr.hello.name,
-                 pr.hello.build, pr.ver_major, pr.ver_minor, pr.hello.layers[0],
-                 pr.hello.layers[1] - 1, pr.hello.read_gbps);
+                 "%s; a coordinator is registered: model and settings not checked (no HELLO, "
+                 "so its sessions stay)",
+                 id);
+        } else if (!have_fp) {
+            line(r, 0, "worker", "fix the model first (the lines above)",
+                 "%s; cannot check its model: no model fingerprint", id);
+        } else if ((st = k3_probe_worker_hello(ep, fp, 3000, &pr, err, sizeof err))) {
+            line(r, 0, "worker", "check the worker's log", "%s; its HELLO: %s", id, err);
+        } else if (pr.accepted) {
+            line(r, 1, "worker", NULL, "%s", id);
         } else if (strstr(pr.refusal, "fingerprint")) {
             line(r, 0, "worker", "start the worker with this --model (and the same K3_TOPP)",
                  "%s: protocol %u.%u, refused this model: %s", ep, pr.ver_major, pr.ver_minor,

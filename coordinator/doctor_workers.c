@@ -1,4 +1,4 @@
-/* coordinator/doctor_workers.c: the HELLO probe of `doctor --workers`
+/* coordinator/doctor_workers.c: the STATS and HELLO probes of `doctor --workers`
  * (doctor_workers.h). The wire format and socket settings are the
  * protocol's and the link's own (proto/proto.h, proto/link.h). */
 #include "coordinator/doctor_workers.h"
@@ -24,9 +24,9 @@ static int env_int(const char *name, int def) {
     return v && *v ? atoi(v) : def;
 }
 
-k3_status k3_probe_worker(const char *ep, uint64_t fingerprint, int timeout_ms,
-                          k3_worker_probe *out, char *err, size_t errlen) {
-    memset(out, 0, sizeof *out);
+k3_status k3_probe_worker_hello(const char *ep, uint64_t fingerprint, int timeout_ms,
+                                k3_worker_probe *out, char *err, size_t errlen) {
+    out->answered = out->accepted = 0;
     k3_status st = k3_link_endpoint_policy(ep, 0, 0, "doctor --workers", err, errlen);
     if (st) return st;
     void *ctx = zmq_ctx_new(), *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
@@ -81,6 +81,72 @@ k3_status k3_probe_worker(const char *ep, uint64_t fingerprint, int timeout_ms,
             out->hello = rep.u.hello_ok;
         } else {
             snprintf(out->refusal, sizeof out->refusal, "%s", rep.u.error.msg);
+        }
+        break;
+    }
+    proto_frames_close(&fr);
+    zmq_close(sock);
+    zmq_ctx_term(ctx);
+    return st;
+}
+
+k3_status k3_probe_worker_stats(const char *ep, int timeout_ms, k3_worker_probe *out, char *err,
+                                size_t errlen) {
+    memset(out, 0, sizeof *out);
+    k3_status st = k3_link_endpoint_policy(ep, 0, 0, "doctor --workers", err, errlen);
+    if (st) return st;
+    void *ctx = zmq_ctx_new(), *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
+    if (!sock) {
+        if (ctx) zmq_ctx_term(ctx);
+        return k3_errf(K3_ERR_IO, err, errlen, "%s: cannot create a socket: %s", ep,
+                       zmq_strerror(zmq_errno()));
+    }
+    k3_link_sockopts so = {.hb_ms = K3_LINK_HB_MS_DEFAULT,
+                           .linger_ms = 0,
+                           .handshake_ms = K3_LINK_HANDSHAKE_MS_DEFAULT};
+    st = k3_link_sockopts_apply(sock, &so, err, errlen);
+    if (!st && zmq_connect(sock, ep) != 0)
+        st = k3_errf(K3_ERR_IO, err, errlen, "%s: connect: %s", ep, zmq_strerror(zmq_errno()));
+    proto_msg req;
+    proto_msg_init(&req, PROTO_MSG_STATS, 1, 0); /* epoch 0: a probe, no registration */
+    if (!st) {
+        st = proto_send(sock, NULL, &req, NULL, NULL, 0, ZMQ_DONTWAIT, err, errlen);
+        if (st == K3_ERR_TIMEOUT) st = K3_OK; /* queued until the connection is up */
+    }
+    double t_end = mono_ms() + timeout_ms;
+    proto_frames fr;
+    memset(&fr, 0, sizeof fr);
+    while (!st) {
+        int left = (int)(t_end - mono_ms());
+        if (left <= 0) {
+            st = k3_errf(K3_ERR_TIMEOUT, err, errlen, "%s: no answer to STATS within %d ms", ep,
+                         timeout_ms);
+            break;
+        }
+        zmq_pollitem_t pi = {sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&pi, 1, left) <= 0) continue;
+        proto_msg rep;
+        char rerr[512];
+        k3_status rs = proto_recv(sock, ZMQ_DONTWAIT, &rep, &fr, rerr, sizeof rerr);
+        if (rs == K3_ERR_TIMEOUT || rs == K3_ERR_CANCEL) continue;
+        if (rs) {
+            st = k3_errf(rs, err, errlen, "%s: bad answer to STATS: %s", ep, rerr);
+            break;
+        }
+        if (proto_check_reply(&req, &rep, rerr, sizeof rerr) != K3_OK) continue; /* stale */
+        out->answered = 1;
+        out->ver_major = rep.ver_major, out->ver_minor = rep.ver_minor;
+        if (rep.type == PROTO_MSG_STATS_OK) {
+            out->stats = rep.u.stats_ok;
+            out->has_stats = 1;
+        } else if (rep.type == PROTO_MSG_ERROR) {
+            out->answered = 0;
+            st = k3_errf(K3_ERR_PROTO, err, errlen, "%s: answered ERROR to STATS: %s", ep,
+                         rep.u.error.msg);
+        } else {
+            out->answered = 0;
+            st = k3_errf(K3_ERR_PROTO, err, errlen, "%s: answered %s to STATS", ep,
+                         proto_type_name(rep.type));
         }
         break;
     }

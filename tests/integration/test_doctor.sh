@@ -81,7 +81,7 @@ fi
 
 # drives
 expect_fail "a missing drive" "drive 1" --model "$T/ct" --drives "$T/nope"
-# --workers: one HELLO each (coordinator/doctor_workers.c)
+# --workers: a STATS probe each, a HELLO to an idle one (coordinator/doctor_workers.c)
 if [ -x "$W" ]; then
     ep1="tcp://127.0.0.1:$(port)" ep2="tcp://127.0.0.1:$(port)" ep3="tcp://127.0.0.1:$(port)"
     K3_LOG=info "$W" --model "$T/ct" --layers 0-8 --listen "$ep1" --threads 1 --no-bench \
@@ -91,14 +91,22 @@ if [ -x "$W" ]; then
         --usage off --name dw2 2>"$T/w2.log" &
     wp2=$!
     if wait_line "$T/w1.log" "serving layers" $wp1 60 && wait_line "$T/w2.log" "serving layers" $wp2 60; then
-        expect_pass "a worker of this model" --model "$T/ct" --workers "$ep1"
-        grep -q "^PASS  worker .*dw1, build 'k3shard proto [0-9.]*[^']*', protocol [0-9]*\.[0-9]*, layers 0-7" "$T/out" &&
-            ok "the worker's line names it, its build, protocol and layers: $(grep '^PASS  worker' "$T/out" | cut -c1-110)" ||
-            bad "the worker's line: $(grep 'worker' "$T/out")"
         K3_BITS=8 "$C" doctor --model "$T/ct" --workers "$ep1" >"$T/out" 2>&1
         grep -q "^PASS  worker .*same model; its settings differ .*'bits' mismatch" "$T/out" &&
             ok "K3_BITS=8 against a bits-4 worker: the line names the setting" ||
             bad "K3_BITS=8 against a bits-4 worker: $(grep worker "$T/out")"
+        expect_pass "a worker of this model" --model "$T/ct" --workers "$ep1"
+        grep -q "^PASS  worker .*dw1, build 'k3shard proto [0-9.]*[^']*', protocol [0-9]*\.[0-9]*, layers 0-7" "$T/out" &&
+            ok "the worker's line names it, its build, protocol and layers: $(grep '^PASS  worker' "$T/out" | cut -c1-110)" ||
+            bad "the worker's line: $(grep 'worker' "$T/out")"
+        # the worker is now registered (the HELLO above): a second probe is
+        # STATS only, and the worker sees no new registration
+        "$C" doctor --model "$T/ct" --workers "$ep1" >"$T/out" 2>&1
+        nreg=$(grep -c 'registered (epoch' "$T/w1.log")
+        grep -q "^PASS  worker .*dw1, .*a coordinator is registered: model and settings not checked" "$T/out" &&
+            [ "$nreg" = 1 ] &&
+            ok "a worker a coordinator holds: STATS only, no HELLO (1 registration in its log)" ||
+            bad "a registered worker: $nreg registrations: $(grep worker "$T/out")"
         expect_fail "a worker of another model" "worker" --model "$T/ct" --workers "$ep1,$ep2"
         grep -q "$ep2: protocol .*refused this model" "$T/out" ||
             bad "another model's worker: $(grep "$ep2" "$T/out")"

@@ -10,10 +10,11 @@
 #    print the reference ids;
 #  SIGSTOP: a --local worker frozen 0.5-2 x TTL, then SIGCONT;
 #  another model: a worker whose fingerprint differs is refused, named;
-#  oversized / malformed / slow peer: tests/test_peer_budget.c's rows.
-# Not run here (the row says why): iptables DROP between namespaces, full
-# disk and EIO on an expert read, a coordinator restarted with a session on
-# disk. Needs root only for the rows that say so. Seeded: RELIABILITY_SEED.
+#  oversized / malformed / slow peer: tests/test_peer_budget.c's rows;
+#  then every tests/reliability/row_*.sh (the contract is at step 5):
+#  iptables DROP between namespaces, EIO on an expert read and a full disk,
+#  the HTTP rows, the coordinator restarted with a session on disk.
+# Needs root only for the rows that say so. Seeded: RELIABILITY_SEED.
 set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C" "$W"
@@ -160,11 +161,31 @@ while IFS='|' read -r _ what n rec errs rss t; do
     row "$what" "$n" "$rec" "$errs" "$rss" "$t"
 done < <(grep '^# row|' "$T/pb.out")
 
-row "iptables DROP on a namespace link" "-" "not run" "-" "-" \
-    "- (tests/integration/test_cluster_curve.sh builds the namespaces; a DROP row is to do)"
-row "full disk, EIO on an expert read" "-" "not run" "-" "-" "- (needs a dm-error device: to do)"
-row "coordinator killed and restarted with a session on disk" "-" "n/a" "-" "-" \
-    "- (no checkpoints yet)"
+# 5. the rows of tests/reliability/row_*.sh: row_netdrop.sh (iptables DROP
+# on a namespace link), row_disk.sh (EIO on an expert read, full disk),
+# row_http.sh (the HTTP rows), row_coord_restart.sh (the coordinator killed
+# -9 and restarted with a session on disk; when that file exists). The
+# contract of a row script: run as `bash SCRIPT` with BUILD and TINY set; it
+# prints one line per row,
+#     ROW|what|trials|recovered|errors|max_rss|max_recovery
+# (fields without '|'; '-' where none), any ok / not ok / skip / # lines,
+# and exits non-zero when a row is not as required (root-only rows print a
+# ROW saying "not run (needs root)" and exit 0 without root).
+for s in "$(dirname "$0")"/row_*.sh; do
+    [ -f "$s" ] || continue
+    n=$(basename "$s" .sh)
+    bash "$s" >"$T/$n.out" 2>"$T/$n.err"
+    rc=$?
+    grep '^not ok\|^skip\|^# ' "$T/$n.out" | sed "s/^/# $n: /"
+    [ $rc -eq 0 ] || bad "$n: exit status $rc: $(grep '^not ok' "$T/$n.out" | head -3)"
+    while IFS='|' read -r _ what n_ rec errs rss t; do
+        row "$what" "$n_" "$rec" "$errs" "$rss" "$t"
+    done < <(grep '^ROW|' "$T/$n.out")
+    grep -q '^ROW|' "$T/$n.out" || row "$n" "-" "failed" "-" "-" "- (no ROW line: $(tail -1 "$T/$n.err"))"
+done
+[ -f "$(dirname "$0")/row_coord_restart.sh" ] ||
+    row "coordinator killed and restarted with a session on disk" "-" "n/a" "-" "-" \
+        "- (no tests/reliability/row_coord_restart.sh: no checkpoints in this build)"
 
 echo
 printf '| %s | %s | %s | %s | %s | %s |\n' "fault" "trials" "recovered token-identically" \
