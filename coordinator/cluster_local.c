@@ -267,7 +267,9 @@ k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
     cl_fmt(c->tmpdir, sizeof c->tmpdir, "/tmp/k3c.XXXXXX");
     if (!mkdtemp(c->tmpdir)) {
         c->tmpdir[0] = 0;
-        return k3_errf(K3_ERR_IO, err, errlen, "local workers: mkdtemp: %s", strerror(errno));
+        return k3_errf(K3_ERR_IO, err, errlen,
+                       "local workers: cannot create the ipc directory /tmp/k3c.XXXXXX: %s",
+                       strerror(errno));
     }
     k3_status st = K3_OK;
     for (int i = 0; i < c->n && !st; i++) st = local_spawn(c, i, err, errlen);

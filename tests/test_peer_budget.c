@@ -268,6 +268,61 @@ int main(void) {
           worst, rss4);
     zmq_close(slow);
 
+    /* 5. one message of many frames, each under the frame cap: libzmq hands
+     * a multipart message over only whole, and neither ZMQ_MAXMSGSIZE (per
+     * frame) nor ZMQ_RCVHWM (whole messages) bounds its frame count, so the
+     * worker holds what the peer sent until the last frame is in; then the
+     * message is rejected (frames > K3_PROTO_MAX_FRAMES, counted) and
+     * freed. What is asserted: no amplification (peak growth <= the bytes
+     * sent + 64 MiB), the message counted as malformed, real traffic
+     * answered. docs/PROTOCOL.md "Peer budgets" says what bounds it (CURVE:
+     * such a peer never gets past the handshake). */
+    {
+        const size_t fcap = (size_t)wk_max_frame_bytes(0, 512, k3_model_config(m)->hidden);
+        int n_fr =
+            getenv("RELIABILITY_MANY_FRAMES") ? atoi(getenv("RELIABILITY_MANY_FRAMES")) : 500;
+        if (n_fr < 9 || n_fr > 100000) n_fr = 500;
+        char *fb = calloc(1, fcap);
+        void *many = dealer(ep);
+        proto_msg_init(&h, PROTO_MSG_STATS, ++id, EP);
+        send_msg(co, &h);
+        reply(co, &r, 5000);
+        uint64_t pe0 = r.u.stats_ok.proto_errors;
+        long h0 = proc_kb(pid, "VmHWM:");
+        double t5 = k3_now_ms();
+        zmq_send(many, "\x81\xa1v\x01", 4, ZMQ_SNDMORE);
+        for (int i = 0; i < n_fr; i++) {
+            zmq_msg_t part;
+            zmq_msg_init_data(&part, fb, fcap, NULL, NULL); /* the same zero pages each time */
+            zmq_msg_send(&part, many, i + 1 < n_fr ? ZMQ_SNDMORE : 0);
+            zmq_msg_close(&part);
+        }
+        uint64_t pe1 = pe0;
+        ok = 0;
+        for (int tries = 0; tries < 100 && pe1 == pe0; tries++) {
+            sleep_ms(50);
+            proto_msg_init(&h, PROTO_MSG_STATS, ++id, EP);
+            send_msg(co, &h);
+            ok = reply(co, &r, 5000) && r.type == PROTO_MSG_STATS_OK;
+            if (ok) pe1 = r.u.stats_ok.proto_errors;
+        }
+        double took = k3_now_ms() - t5;
+        long h1 = proc_kb(pid, "VmHWM:");
+        long sent_kb = (long)((uint64_t)n_fr * fcap / 1024);
+        printf("# row|one message of %d frames of %zu bytes (each under the frame cap) from an "
+               "unauthenticated peer on a plain endpoint|1|%s|%s|%ld kB (+%ld kB for %ld kB "
+               "sent)|%.0f ms to the rejection\n",
+               n_fr, fcap, ok ? "real traffic answered" : "STATS lost",
+               pe1 > pe0 ? "rejected whole (frame count), counted" : "not rejected", h1, h1 - h0,
+               sent_kb, took);
+        CHECK(ok && pe1 == pe0 + 1 && h1 - h0 <= sent_kb + 64 * 1024,
+              "one message of %d x %zu-byte frames: held until whole (peak +%ld kB for %ld kB "
+              "sent: no amplification), then rejected and counted (%llu -> %llu), STATS answered",
+              n_fr, fcap, h1 - h0, sent_kb, (unsigned long long)pe0, (unsigned long long)pe1);
+        zmq_close(many);
+        free(fb);
+    }
+
     /* the coordinator may stop it */
     proto_msg_init(&h, PROTO_MSG_SHUTDOWN, ++id, EP);
     send_msg(co, &h);

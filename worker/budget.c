@@ -9,9 +9,12 @@
  * ZMQ_MAXMSGSIZE is set to that, and libzmq drops a peer that announces a
  * bigger frame before it allocates a byte of it (the 1 GiB protocol-wide
  * cap stays the outer bound). ZMQ_RCVHWM bounds the whole messages libzmq
- * queues per peer connection, so a peer holds at most
- * WK_PEER_RCVHWM x K3_PROTO_MAX_FRAMES x that in the worker's memory;
- * queued work (registered coordinator only) is bounded by WK_MAX_QUEUE.
+ * queues per peer connection; the message being received is not bounded in
+ * frames by libzmq (it delivers multipart messages whole), so an
+ * unauthenticated peer on a plain endpoint can hold what it sends until
+ * the message is whole and rejected: CURVE is the bound (docs/PROTOCOL.md
+ * "Peer budgets"). Queued work (registered coordinator only) is bounded by
+ * WK_MAX_QUEUE.
  *
  * Also the endpoint a worker binds: "tcp://localhost:P" as 127.0.0.1, and a
  * trial bind before the model loads, so "address in use" is said at once.

@@ -39,8 +39,8 @@ health() { curl -s "$URL/health" | $PY -c "import json,sys; print(json.load(sys.
 MAX_IDLE_MS=0
 idle_within() {
     local end t0 ms
-    t0=$(date +%s%N)
     end=$($PY -c "import time; print(time.time() + $1)")
+    t0=$(date +%s%N)
     while $PY -c "import sys,time; sys.exit(0 if time.time() < $end else 1)"; do
         if [ "$(health running)" = 0 ]; then
             ms=$((($(date +%s%N) - t0) / 1000000))
