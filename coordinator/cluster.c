@@ -1010,6 +1010,9 @@ static k3_status wait_ready_locked(k3_cluster *c, double deadline_ms, int check_
                                    size_t errlen) {
     char lab[512];
     double start = now_ms(), next_log = start + K3_CLUSTER_WAIT_LOG_MS;
+    /* the option that set the deadline: start-up's, or a resume's */
+    const char *opt = check_children ? "--ready-timeout-ms / K3_READY_TIMEOUT_MS"
+                                     : "--resume-wait-ms / K3_RESUME_WAIT_MS";
     for (;;) {
         if (c->spawn_st) return k3_errf(c->spawn_st, err, errlen, "%s", c->spawn_err);
         if (!c->spawn_pending && all_ready(c)) return K3_OK;
@@ -1032,13 +1035,12 @@ static k3_status wait_ready_locked(k3_cluster *c, double deadline_ms, int check_
             for (int i = 0; i < c->n; i++)
                 if (c->st[i].state != LINK_READY)
                     return k3_errf(K3_ERR_TIMEOUT, err, errlen,
-                                   "%s not registered within %.1f s (--ready-timeout-ms / "
-                                   "K3_READY_TIMEOUT_MS): %s",
+                                   "%s not registered within %.1f s (%s): %s",
                                    cl_stage_label(&c->st[i], lab, sizeof lab), (t - start) / 1000.0,
-                                   c->st[i].last_err[0] ? c->st[i].last_err : "no answer");
+                                   opt, c->st[i].last_err[0] ? c->st[i].last_err : "no answer");
         }
         if (t >= next_log) {
-            cl_wait_log(c, t - start, deadline_ms - t);
+            cl_wait_log(c, t - start, deadline_ms - t, opt);
             next_log = t + K3_CLUSTER_WAIT_LOG_MS;
         }
         double until = t + 50 < deadline_ms ? t + 50 : deadline_ms;

@@ -160,7 +160,7 @@ void cl_wake(k3_cluster *c);
 /* cluster_wait.c: one line per stage not registered yet, naming its
  * endpoint and layers, how long it has been silent and how long is left
  * (c->mu held). */
-void cl_wait_log(const k3_cluster *c, double waited_ms, double left_ms);
+void cl_wait_log(const k3_cluster *c, double waited_ms, double left_ms, const char *deadline_opt);
 
 /* cluster_local.c: start the --local workers (before the I/O thread) and
  * stop them (after it ended). */

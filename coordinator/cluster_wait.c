@@ -11,7 +11,7 @@
 
 #include "common/base/log.h"
 
-void cl_wait_log(const k3_cluster *c, double waited_ms, double left_ms) {
+void cl_wait_log(const k3_cluster *c, double waited_ms, double left_ms, const char *deadline_opt) {
     for (int i = 0; i < c->n; i++) {
         const cl_stage *s = &c->st[i];
         if (s->state == LINK_READY) continue;
@@ -24,8 +24,8 @@ void cl_wait_log(const k3_cluster *c, double waited_ms, double left_ms) {
         else
             cl_fmt(layers, sizeof layers, "? (not known before it answers)");
         K3_WARN("cluster: waiting for worker %d (%s), layers %s: no answer for %.0fs%s%s; "
-                "giving up in %.0fs (--ready-timeout-ms)",
+                "giving up in %.0fs (%s)",
                 i, s->endpoint, layers, waited_ms / 1000.0, s->last_err[0] ? ", last: " : "",
-                s->last_err, left_ms > 0 ? left_ms / 1000.0 : 0.0);
+                s->last_err, left_ms > 0 ? left_ms / 1000.0 : 0.0, deadline_opt);
     }
 }

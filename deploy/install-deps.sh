@@ -13,6 +13,8 @@ PKGS=(
   libpcre2-dev libjansson-dev libmicrohttpd-dev libedit-dev liburing-dev
   python3 python3-numpy
   iproute2 iptables procps psmisc strace fio curl tmux
+  # make reliability: peak RSS (time), the disk rows (mkfs.ext4, filefrag, losetup)
+  time e2fsprogs mount
   chromium
   ansible openssh-server tcpdump rsync
 )
