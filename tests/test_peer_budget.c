@@ -14,7 +14,16 @@
  *  4. a slow peer that sends 20,000 requests and reads none of the answers:
  *     the worker's queue to it is bounded (ROUTER drops at the HWM, never
  *     blocks), RSS stays bounded and the coordinator's STATS round trip
- *     stays under 1 s.
+ *     stays under 1 s;
+ *  5. one message of many frames each under the frame cap (500, or
+ *     RELIABILITY_MANY_FRAMES) from a peer on the plain ipc endpoint:
+ *     libzmq holds it until whole, so the worker's peak grows by what was
+ *     sent (no more: no amplification); then it is rejected and counted,
+ *     and STATS is answered;
+ *  6. the same message from an unknown CURVE key and from a plain peer to a
+ *     CURVE worker on tcp loopback: refused at the handshake, the worker's
+ *     peak RSS does not grow by it (the bound docs/PROTOCOL.md "Peer
+ *     budgets" names).
  * RELIABILITY_OVERSIZED=N and RELIABILITY_OVERSIZED_MB=M change check 1 to N
  * frames of M MiB (make reliability: 1,000 x 2 MiB); each check prints a
  * "# row|..." line that tests/reliability/run.sh puts in its table.
@@ -88,6 +97,102 @@ static int count_lines(const char *path, const char *needle) {
     while (f && fgets(line, sizeof line, f)) n += strstr(line, needle) != NULL;
     if (f) fclose(f);
     return n;
+}
+
+/* Check 6: a worker on tcp loopback with CURVE (--curve-secret, --allow);
+ * a peer with a key not on its allow-list, and a plain (NULL) peer, each
+ * send one message of n frames under the frame cap: neither gets past the
+ * handshake, so the worker's peak RSS does not grow by the message (the
+ * bytes stay in the sender's own queue), and an allowed key's STATS probe
+ * is answered. */
+static void curve_many_frames(const char *bin, const char *dir, const char *tmp, int n_layers,
+                              int hidden) {
+    char pre[160], keyp[200], allowp[200], logp[200], ep[64], shell[600];
+    k3_curve_keypair wk, ck, ik;
+    snprintf(pre, sizeof pre, "%s/w6", tmp);
+    k3_status st = k3_link_keygen(pre, &wk, err, sizeof err);
+    snprintf(pre, sizeof pre, "%s/c6", tmp);
+    if (!st) st = k3_link_keygen(pre, &ck, err, sizeof err);
+    snprintf(pre, sizeof pre, "%s/i6", tmp);
+    if (!st) st = k3_link_keygen(pre, &ik, err, sizeof err);
+    snprintf(keyp, sizeof keyp, "%s/w6.key", tmp);
+    snprintf(allowp, sizeof allowp, "%s/c6.pub", tmp); /* the allow-list: the coordinator */
+    snprintf(logp, sizeof logp, "%s/worker6.log", tmp);
+    CHECK(!st, "CURVE keys for check 6: %s", st ? err : "made");
+    if (st) return;
+    /* a port of this test's range (docs/TESTING.md: rel 27400-27499) */
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", 27440 + (int)(getpid() % 50));
+    snprintf(shell, sizeof shell, "exec \"$0\" \"$@\" 2>%s", logp);
+    char layers[32];
+    snprintf(layers, sizeof layers, "0-%d", n_layers);
+    const char *argv[] = {"/bin/sh",  "-c",   shell,       bin, "--model",        dir,
+                          "--layers", layers, "--listen",  ep,  "--curve-secret", keyp,
+                          "--allow",  allowp, "--threads", "1", "--no-bench",     "--name",
+                          "pb6",      NULL};
+    char *env[] = {"K3_LOG=info", NULL};
+    pid_t pid = 0;
+    if (k3_worker_spawn(&pid, "/bin/sh", (char *const *)argv, env, err, sizeof err)) {
+        CHECK(0, "spawn the CURVE worker: %s", err);
+        return;
+    }
+    /* an allowed client's STATS probe (epoch 0) says it serves */
+    void *co = zmq_socket(g_z, ZMQ_DEALER);
+    int linger = 0;
+    zmq_setsockopt(co, ZMQ_LINGER, &linger, sizeof linger);
+    k3_link_curve_client(co, &ck, wk.public_z85, err, sizeof err);
+    zmq_connect(co, ep);
+    proto_msg h, r;
+    int up = 0;
+    for (int i = 0; i < 100 && !up; i++) {
+        proto_msg_init(&h, PROTO_MSG_STATS, 100 + (uint64_t)i, 0);
+        proto_send(co, NULL, &h, NULL, NULL, 0, ZMQ_DONTWAIT, err, sizeof err);
+        up = reply(co, &r, 300) && r.type == PROTO_MSG_STATS_OK;
+    }
+    CHECK(up, "the CURVE worker on loopback answers an allowed key's STATS probe");
+    const size_t fcap = (size_t)wk_max_frame_bytes(0, 512, hidden);
+    const int n_fr = 500;
+    char *fb = calloc(1, fcap);
+    long h0 = proc_kb(pid, "VmHWM:");
+    void *peers[2];
+    for (int k = 0; k < 2; k++) { /* an unknown key, then a plain peer */
+        peers[k] = zmq_socket(g_z, ZMQ_DEALER);
+        zmq_setsockopt(peers[k], ZMQ_LINGER, &linger, sizeof linger);
+        if (k == 0) k3_link_curve_client(peers[k], &ik, wk.public_z85, err, sizeof err);
+        zmq_connect(peers[k], ep);
+        zmq_send(peers[k], "\x81\xa1v\x01", 4, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+        for (int i = 0; i < n_fr; i++) {
+            zmq_msg_t part;
+            zmq_msg_init_data(&part, fb, fcap, NULL, NULL);
+            zmq_msg_send(&part, peers[k], (i + 1 < n_fr ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+            zmq_msg_close(&part);
+        }
+    }
+    sleep_ms(2500);
+    long h1 = proc_kb(pid, "VmHWM:");
+    proto_msg_init(&h, PROTO_MSG_STATS, 999, 0);
+    proto_send(co, NULL, &h, NULL, NULL, 0, ZMQ_DONTWAIT, err, sizeof err);
+    int ok = reply(co, &r, 5000) && r.type == PROTO_MSG_STATS_OK;
+    long sent_kb = (long)(2 * (uint64_t)n_fr * fcap / 1024);
+    int refused = count_lines(logp, "refused") + count_lines(logp, "not on the allow-list");
+    printf("# row|one message of %d frames from an unknown CURVE key and one from a plain peer, "
+           "to a CURVE worker on loopback|2|%s|%s|%ld kB (+%ld kB for %ld kB sent)|-\n",
+           n_fr, ok ? "real traffic answered" : "STATS lost",
+           "refused at the handshake, nothing received", h1, h1 - h0, sent_kb);
+    CHECK(ok && h1 - h0 < 8 * 1024,
+          "CURVE on loopback: an unknown key and a plain peer each send %d x %zu bytes: worker "
+          "peak RSS +%ld kB of %ld kB sent (bound 8 MiB), %d refusal line(s), STATS answered",
+          n_fr, fcap, h1 - h0, sent_kb, refused);
+    for (int k = 0; k < 2; k++) zmq_close(peers[k]);
+    zmq_close(co);
+    free(fb);
+    k3_worker_stop(pid, 2000);
+    char f[220];
+    const char *names[] = {"w6.key", "w6.pub", "c6.key",     "c6.pub",
+                           "i6.key", "i6.pub", "worker6.log"};
+    for (int i = 0; i < 7; i++) {
+        snprintf(f, sizeof f, "%s/%s", tmp, names[i]);
+        unlink(f);
+    }
 }
 
 int main(void) {
@@ -332,6 +437,8 @@ int main(void) {
     CHECK(ok && status == 0, "SHUTDOWN from the registered coordinator: OK, exit status %d",
           status);
     pid = 0;
+    /* 6. the bound on a peer's in-flight bytes: CURVE, on loopback too */
+    curve_many_frames(bin, dir, tmp, L, k3_model_config(m)->hidden);
 out:
     if (pid) k3_worker_stop(pid, 2000);
     zmq_close(co);
