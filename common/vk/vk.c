@@ -7,6 +7,7 @@
  * a device-local staging path is future work (docs/VULKAN.md). */
 #include "common/vk/vk.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,7 @@ struct k3_vk {
     VkDescriptorSet set;
     vk_buf x, a, y; /* activations: z [n][L], SiTU [n][I], result [n][L] */
     uint64_t budget, used;
+    pthread_mutex_t used_mu; /* used: uploads and frees may run beside an apply */
     int is_cpu;
     int fma64;  /* 1: the float64 FMA shader (the CPU's bits) */
     int broken; /* a call timed out: the command buffer may still run */
@@ -331,6 +333,7 @@ static k3_status vk_setup(k3_vk *vk, int device, double budget_gb, char *err, si
 k3_status k3_vk_open(k3_vk **out, int device, double budget_gb, char *err, size_t errlen) {
     *out = NULL;
     k3_vk *vk = k3_xcalloc(1, sizeof *vk);
+    pthread_mutex_init(&vk->used_mu, NULL);
     k3_status st = vk_setup(vk, device, budget_gb, err, errlen);
     if (st != K3_OK) {
         k3_vk_close(&vk);
@@ -358,6 +361,7 @@ void k3_vk_close(k3_vk **pvk) {
         vkDestroyDevice(vk->dev, NULL);
     }
     if (vk->inst) vkDestroyInstance(vk->inst, NULL);
+    pthread_mutex_destroy(&vk->used_mu);
     free(vk);
     *pvk = NULL;
 }
@@ -366,7 +370,12 @@ const char *k3_vk_device_name(const k3_vk *vk) { return vk->name; }
 int k3_vk_is_cpu(const k3_vk *vk) { return vk->is_cpu; }
 int k3_vk_exact(const k3_vk *vk) { return vk->fma64; }
 uint64_t k3_vk_budget_bytes(const k3_vk *vk) { return vk->budget; }
-uint64_t k3_vk_used_bytes(const k3_vk *vk) { return vk->used; }
+uint64_t k3_vk_used_bytes(const k3_vk *vk) {
+    pthread_mutex_lock((pthread_mutex_t *)&vk->used_mu);
+    uint64_t u = vk->used;
+    pthread_mutex_unlock((pthread_mutex_t *)&vk->used_mu);
+    return u;
+}
 
 static int shape_ok(const k3_mxfp4 *m, int rows, int cols) {
     return m->rows == rows && m->cols == cols && m->packed && m->scale;
@@ -388,16 +397,23 @@ k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2,
                        "vulkan upload: an expert of %llu bytes passes %s's storage buffer "
                        "limit of %llu bytes",
                        (unsigned long long)bytes, vk->name, (unsigned long long)vk->max_range);
-    if (vk->used + bytes > vk->budget)
+    pthread_mutex_lock(&vk->used_mu); /* reserve the bytes first */
+    uint64_t used = vk->used;
+    if (used + bytes <= vk->budget) vk->used += bytes;
+    pthread_mutex_unlock(&vk->used_mu);
+    if (used + bytes > vk->budget)
         return k3_errf(K3_ERR_LIMIT, err, errlen,
                        "vulkan upload: %llu more bytes would pass the tier budget of %llu bytes "
                        "(%llu in use)",
                        (unsigned long long)bytes, (unsigned long long)vk->budget,
-                       (unsigned long long)vk->used);
+                       (unsigned long long)used);
     k3_vk_expert *e = k3_xcalloc(1, sizeof *e);
     k3_status st = buf_alloc(vk, &e->w, bytes, err, errlen);
     if (st != K3_OK) {
         free(e);
+        pthread_mutex_lock(&vk->used_mu);
+        vk->used -= bytes;
+        pthread_mutex_unlock(&vk->used_mu);
         return st;
     }
     e->inter = I;
@@ -410,7 +426,6 @@ k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2,
         memcpy(p + mat / 2, m[i]->scale, mat / 32);
         p += mat / 2 + mat / 32;
     }
-    vk->used += bytes;
     *out = e;
     return K3_OK;
 }
@@ -418,8 +433,10 @@ k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2,
 void k3_vk_expert_free(k3_vk *vk, k3_vk_expert **pe) {
     k3_vk_expert *e = *pe;
     if (!e) return;
-    vk->used -= k3_vk_expert_bytes(e->inter, e->latent);
     buf_free(vk, &e->w);
+    pthread_mutex_lock(&vk->used_mu);
+    vk->used -= k3_vk_expert_bytes(e->inter, e->latent);
+    pthread_mutex_unlock(&vk->used_mu);
     free(e);
     *pe = NULL;
 }

@@ -8,8 +8,10 @@
  * glslc), the activation buffers, and every uploaded expert's buffer (a
  * byte budget caps their sum).
  * Borrows: the weight bytes only during k3_vk_expert_upload (copied).
- * Threads: a k3_vk is used by one thread at a time (the caller serialises);
- * different k3_vk handles are independent.
+ * Threads: k3_vk_expert_apply is called by one thread at a time (the caller
+ * serialises); uploads and frees of other experts may run on another thread
+ * beside it (the byte count has its own lock; the Vulkan objects they touch
+ * are their own). Different k3_vk handles are independent.
  *
  * Built without Vulkan (no glslc or no vulkan headers at build time: no
  * K3_HAVE_VK), k3_vk_open fails with K3_ERR_STATE saying so and
