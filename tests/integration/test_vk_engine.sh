@@ -187,4 +187,23 @@ if [ $rc -eq 0 ] && grep -q "lacks shaderFloat64\|own fma()" "$T/fma.err"; then
 else
     bad "K3_VK_FMA=native: rc $rc $(grep -i vulkan "$T/fma.err" | head -2)"
 fi
+# serve: the tier's counters in /metrics (in-process engine)
+PORT=$((27500 + RANDOM % 100))
+if serve_start "$T/srv.out" "$T/srv.err" --model "$TINY" --local 0 --exact --usage off --port "$PORT" \
+    --vk --vk-gb "$GB_ALL"; then
+    curl -s -m 60 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"hello world","max_tokens":4}' >"$T/srv.gen"
+    curl -s -m 10 "http://127.0.0.1:$PORT/metrics" >"$T/srv.metrics"
+    calls=$(awk '$1 == "k3_vk_expert_calls_total" {print $2}' "$T/srv.metrics")
+    if [ "${calls:-0}" -gt 0 ] 2>/dev/null && grep -q '^k3_vk_resident_experts ' "$T/srv.metrics" &&
+        grep -q '^k3_vk_off 0' "$T/srv.metrics"; then
+        ok "serve --vk: /metrics has the tier's counters ($calls device expert calls)"
+    else
+        bad "serve --vk /metrics: $(grep k3_vk "$T/srv.metrics" | head -3) $(head -c 200 "$T/srv.gen")"
+    fi
+    kill -TERM "$SRV" 2>/dev/null
+    wait "$SRV" 2>/dev/null
+else
+    bad "serve --vk did not start: $(tail -3 "$T/srv.err")"
+fi
 exit $fail
