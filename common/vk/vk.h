@@ -69,5 +69,14 @@ void k3_vk_expert_free(k3_vk *vk, k3_vk_expert **e);
  * buffer size limit. */
 k3_status k3_vk_expert_apply(k3_vk *vk, const k3_vk_expert *e, const float *z, int n, float b1,
                              float b2, float *y, char *err, size_t errlen);
+/* The same for m experts of one shape in one submission (one command
+ * buffer: every expert's first stage, a barrier, every expert's second
+ * stage; one fence wait): expert i over n[i] pairs, the pairs of all
+ * experts concatenated in z [sum n][L] and y [sum n][L] in expert order.
+ * n[i] may be 0. Each expert's results are those of a call of its own.
+ * K3_ERR_ARG when the shapes differ; limits as above, per expert. */
+k3_status k3_vk_experts_apply(k3_vk *vk, const k3_vk_expert *const *e, const int *n, int m,
+                              const float *z, float b1, float b2, float *y, char *err,
+                              size_t errlen);
 
 #endif

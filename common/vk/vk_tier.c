@@ -243,47 +243,54 @@ static void gather_need(k3_vk_tier *t, int rows) {
     t->g_rows = (size_t)rows;
 }
 
-/* Runs one job on the device thread: per expert, its rows gathered from z,
- * the device call, the results scattered into ysel[t][k]. Stops at the
- * first failure (n_ok says how far it got). */
+/* Runs one job on the device thread: every expert's rows gathered from z
+ * (expert by expert, positions in order), one device submission for all of
+ * them (k3_vk_experts_apply), the results scattered into ysel[t][k]. On a
+ * failure nothing of the job counts (n_ok 0): the caller recomputes it. */
 static void run_job(k3_vk_tier *t, k3_vk_job *j) {
     const int LT = t->latent;
     double t0 = k3_now_ms();
-    gather_need(t, j->T);
-    int *rw = k3_xcalloc((size_t)j->T, sizeof *rw), *rk = k3_xcalloc((size_t)j->T, sizeof *rk);
-    j->n_ok = 0;
+    gather_need(t, j->T * j->K);
+    size_t cap = (size_t)j->T * (size_t)j->K;
+    int *rw = k3_xcalloc(cap, sizeof *rw), *rk = k3_xcalloc(cap, sizeof *rk);
+    int *cnt = k3_xcalloc((size_t)j->n, sizeof *cnt);
+    const k3_vk_expert **xs = k3_xcalloc((size_t)j->n, sizeof *xs);
+    int rows = 0;
     for (int i = 0; i < j->n; i++) {
         int32_t e = j->ids[i];
-        int n = 0;
+        xs[i] = j->ents[i]->x;
         for (int p = 0; p < j->T; p++)
             for (int k = 0; k < j->n_sel[p]; k++)
                 if (j->sel[(size_t)p * j->K + k] == e) {
-                    rw[n] = p, rk[n] = k;
-                    memcpy(t->zg + (size_t)n * LT, j->z + (size_t)p * LT, sizeof(float) * LT);
-                    n++;
+                    rw[rows] = p, rk[rows] = k;
+                    memcpy(t->zg + (size_t)rows * LT, j->z + (size_t)p * LT, sizeof(float) * LT);
+                    rows++, cnt[i]++;
                 }
-        pthread_mutex_lock(&t->mu);
-        uint64_t nth = ++t->n_applies;
-        pthread_mutex_unlock(&t->mu);
-        k3_status st;
-        if (t->fail_apply && nth == (uint64_t)t->fail_apply)
-            st = k3_errf(K3_ERR_IO, j->err, sizeof j->err,
-                         "vulkan: device call %llu failed (injected by K3_TEST_VK_FAIL_APPLY)",
-                         (unsigned long long)nth);
-        else
-            st = k3_vk_expert_apply(t->vk, j->ents[i]->x, t->zg, n, t->b1, t->b2, t->yg, j->err,
-                                    sizeof j->err);
-        if (st != K3_OK) break;
-        for (int r = 0; r < n; r++)
+    }
+    pthread_mutex_lock(&t->mu);
+    uint64_t nth = ++t->n_applies;
+    pthread_mutex_unlock(&t->mu);
+    k3_status st;
+    if (t->fail_apply && nth == (uint64_t)t->fail_apply)
+        st = k3_errf(K3_ERR_IO, j->err, sizeof j->err,
+                     "vulkan: device submission %llu failed (injected by K3_TEST_VK_FAIL_APPLY)",
+                     (unsigned long long)nth);
+    else
+        st = k3_vk_experts_apply(t->vk, xs, cnt, j->n, t->zg, t->b1, t->b2, t->yg, j->err,
+                                 sizeof j->err);
+    j->n_ok = 0;
+    if (st == K3_OK) {
+        for (int r = 0; r < rows; r++)
             memcpy(j->ysel + ((size_t)rw[r] * j->K + (size_t)rk[r]) * LT, t->yg + (size_t)r * LT,
                    sizeof(float) * LT);
+        j->n_ok = j->n;
         pthread_mutex_lock(&t->mu);
-        t->st.calls++;
-        t->st.pairs += (uint64_t)n;
+        t->st.calls += (uint64_t)j->n;
+        t->st.pairs += (uint64_t)rows;
+        t->st.submits++;
         pthread_mutex_unlock(&t->mu);
-        j->n_ok = i + 1;
     }
-    free(rw), free(rk);
+    free(rw), free(rk), free(cnt), free(xs);
     j->t_ms = k3_now_ms() - t0;
 }
 

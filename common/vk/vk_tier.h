@@ -42,6 +42,7 @@ typedef struct k3_vk_tier_stats {
     uint64_t calls;           /* expert applications on the device (one per expert per step) */
     uint64_t pairs;           /* (position, rank) pairs computed there */
     uint64_t steps;           /* MoE steps with a device part */
+    uint64_t submits;         /* device submissions (one per step's job) */
     uint64_t resident;        /* experts on the device now */
     uint64_t resident_bytes;  /* their bytes */
     uint64_t budget_bytes;    /* the tier budget */
