@@ -140,6 +140,13 @@ else
     bad "--local 2 --vk: same as CPU: $(same cpu vk_l2 && echo y || echo n), [VK] lines with calls $nvk: $(grep '\[VK\]\|vulkan' "$T/vk_l2.err" | head -4)"
 fi
 
+if grep -q '^  stage 0 vulkan: [1-9][0-9]* device expert calls' "$T/vk_l2.err" &&
+    grep -q '^  stage 1 vulkan: [1-9][0-9]* device expert calls' "$T/vk_l2.err"; then
+    ok "--local 2 --stats: each worker's tier from STATS_OK ($(grep -m1 '^  stage 0 vulkan' "$T/vk_l2.err" | cut -c3-90)...)"
+else
+    bad "--local 2 --stats: no per-worker vulkan lines: $(grep 'stage' "$T/vk_l2.err" | head -4)"
+fi
+
 # fallbacks
 VK_ICD_FILENAMES=$T/none.json run nodev --local 0 --usage "$HIST" --vk --vk-gb "$GB_ALL"
 rc=$?
