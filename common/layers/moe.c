@@ -18,6 +18,13 @@
  * shared experts. Nothing earlier can be read: the next MoE layer's
  * experts depend on its router's input, which is this layer's output (and
  * the attention after it), so a prefetch across layers would be a guess.
+ *
+ * Vulkan tier (lc->vk, common/vk/vk_tier.h, docs/VULKAN.md): the experts of
+ * the union resident on the device leave the CPU's list after routing and
+ * run there as one job, started once z exists, while the CPU computes the
+ * shared experts and its own; their rows land in the same per-selection
+ * array, so the id-order sum below is unchanged. A device failure returns
+ * the job's experts, which the CPU then reads and computes.
  */
 #include <math.h>
 #include <stdlib.h>
