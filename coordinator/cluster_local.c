@@ -178,6 +178,7 @@ static int local_argc(const k3_cluster *c) {
     n += c->o.max_ctx > 0 ? 2 : 0;
     n += mo->n_dirs > 0 ? 2 : 0;
     n += mo->placement ? 2 : 0;
+    n += mo->vk ? 5 : 0;
     return n + c->o.n_worker_args;
 }
 
@@ -210,6 +211,11 @@ static void local_argv(const k3_cluster *c, int i, int a, int b, const char *bin
     if (c->o.max_ctx > 0) av_add(av, "--max-ctx"), av_addf(av, "%d", c->o.max_ctx);
     if (mo->n_dirs > 0) av_add(av, "--dirs"), av_add(av, dirs);
     if (mo->placement) av_add(av, "--placement"), av_add(av, mo->placement);
+    if (mo->vk) { /* one device shared by the local workers: the budget split */
+        av_add(av, "--vk");
+        av_add(av, "--vk-device"), av_addf(av, "%d", mo->vk_device);
+        av_add(av, "--vk-gb"), av_addf(av, "%.17g", mo->vk_gb / N);
+    }
     for (int k = 0; k < c->o.n_worker_args; k++) av_add(av, c->o.worker_args[k]);
     K3_ASSERT(av->n == av->cap - 1);
     av->v[av->n] = NULL;

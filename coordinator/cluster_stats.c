@@ -118,5 +118,19 @@ void k3_cluster_print_stats(k3_cluster *c, FILE *f) {
                 s.tokens ? (double)s.bytes_read / (double)s.tokens : 0.0,
                 (unsigned long long)s.hits, (unsigned long long)s.misses, s.read_gbps,
                 (unsigned long long)s.stale_dropped, (unsigned long long)s.failures);
+        /* the worker's Vulkan tier, from STATS_OK (docs/VULKAN.md), when the
+         * coordinator was given --vk (a STATS round trip per stage) */
+        proto_stats_ok w;
+        char err[256];
+        if (c->o.model && c->o.model->vk &&
+            k3_cluster_worker_stats(c, i, &w, err, sizeof err) == K3_OK &&
+            (w.vk_calls || w.vk_resident || w.vk_off))
+            fprintf(f,
+                    "  stage %d vulkan: %llu device expert calls (%llu pairs), %u resident, %llu "
+                    "promotions, %llu evictions%s; device %.1f ms, CPU %.1f ms, waited %.1f ms\n",
+                    i, (unsigned long long)w.vk_calls, (unsigned long long)w.vk_pairs,
+                    (unsigned)w.vk_resident, (unsigned long long)w.vk_promotions,
+                    (unsigned long long)w.vk_evictions, w.vk_off ? " (device failed: off)" : "",
+                    w.vk_device_ms, w.vk_cpu_ms, w.vk_wait_ms);
     }
 }

@@ -18,6 +18,7 @@
 #include "common/base/log.h"
 #include "common/engine/model.h"
 #include "common/experts/experts.h"
+#include "common/vk/vk_tier.h"
 
 /* One entry of the session table. */
 typedef struct eng_slot {
@@ -409,6 +410,24 @@ void k3_engine_print_stats(k3_engine *e, const k3_engine_result *res, FILE *f) {
                     "in flight\n",
                     d, mb, et.io_ms > 0 ? mb * 1e3 / et.io_ms : 0.0);
         }
+    }
+    struct k3_vk_tier *vt = k3_model_vk(e->model);
+    if (vt) { /* the Vulkan expert tier (docs/VULKAN.md "Stats"), since start */
+        k3_vk_tier_stats v;
+        k3_vk_tier_stats_get(vt, &v);
+        double ns = v.steps ? (double)v.steps : 1.0;
+        fprintf(f,
+                "stats: vulkan %s: %llu device expert calls (%llu pairs) in %llu MoE steps, "
+                "%llu resident (%.1f of %.1f MB), %llu filled, %llu promotions, %llu evictions, "
+                "%llu upload failures, %llu CPU fallbacks%s; per step device %.2f ms, CPU %.2f "
+                "ms, waited %.2f ms\n",
+                k3_vk_tier_device(vt), (unsigned long long)v.calls, (unsigned long long)v.pairs,
+                (unsigned long long)v.steps, (unsigned long long)v.resident,
+                (double)v.resident_bytes / 1e6, (double)v.budget_bytes / 1e6,
+                (unsigned long long)v.filled, (unsigned long long)v.promotions,
+                (unsigned long long)v.evictions, (unsigned long long)v.upload_failures,
+                (unsigned long long)v.fallbacks, v.off ? " (device failed: off)" : "",
+                v.device_ms / ns, v.cpu_ms / ns, v.wait_ms / ns);
     }
     fprintf(f, "stats: dense weights %.1f MiB, session state %.1f MiB, peak RSS %.1f MiB\n",
             (double)k3_model_resident_bytes(e->model) / (1024.0 * 1024.0),

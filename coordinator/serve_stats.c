@@ -13,6 +13,7 @@
 
 #include "common/base/strbuf.h"
 #include "common/engine/model.h"
+#include "common/vk/vk_tier.h"
 #include "coordinator/cluster.h"
 
 void serve_metrics_add(serve_metrics *m, const serve_job_stats *st) {
@@ -176,5 +177,27 @@ char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int 
     }
     k3_strbuf_add(&b, xb.p, xb.n);
     free(xb.p);
+    struct k3_vk_tier *vt = c ? NULL : k3_model_vk(k3_engine_model(e));
+    if (vt) { /* the in-process Vulkan expert tier (docs/VULKAN.md "Stats") */
+        k3_vk_tier_stats v;
+        k3_vk_tier_stats_get(vt, &v);
+        metric(&b, "k3_vk_expert_calls_total", "counter", "expert calls on the Vulkan device",
+               (double)v.calls);
+        metric(&b, "k3_vk_pairs_total", "counter", "(position, rank) pairs computed there",
+               (double)v.pairs);
+        metric(&b, "k3_vk_resident_experts", "gauge", "experts on the device", (double)v.resident);
+        metric(&b, "k3_vk_promotions_total", "counter", "experts uploaded during the run",
+               (double)v.promotions);
+        metric(&b, "k3_vk_evictions_total", "counter", "experts displaced by hotter ones",
+               (double)v.evictions);
+        metric(&b, "k3_vk_device_seconds_total", "counter", "device time of MoE steps",
+               v.device_ms / 1e3);
+        metric(&b, "k3_vk_cpu_seconds_total", "counter", "CPU expert time of the same steps",
+               v.cpu_ms / 1e3);
+        metric(&b, "k3_vk_wait_seconds_total", "counter",
+               "time steps waited for the device after their CPU part", v.wait_ms / 1e3);
+        metric(&b, "k3_vk_off", "gauge", "1: the device failed and the CPU computes alone",
+               (double)v.off);
+    }
     return b.p; /* NUL-terminated by k3_strbuf */
 }

@@ -185,6 +185,16 @@ static const field_desc f_stats_ok[] = {
     {"read_gbps", FK_F64, FD_OPT, OFF(stats_ok.read_gbps), 0, 0, 0, NULL},
     {"uptime_s", FK_F64, FD_OPT, OFF(stats_ok.uptime_s), 0, 0, 0, NULL},
     {"registered", FK_BOOL, FD_OPT, OFF(stats_ok.registered), 0, 0, 1, NULL},
+    /* 1.2: the Vulkan expert tier (docs/VULKAN.md "Stats") */
+    {"vk_calls", FK_U64, FD_OPT, OFF(stats_ok.vk_calls), 0, 0, ANY, NULL},
+    {"vk_pairs", FK_U64, FD_OPT, OFF(stats_ok.vk_pairs), 0, 0, ANY, NULL},
+    {"vk_promotions", FK_U64, FD_OPT, OFF(stats_ok.vk_promotions), 0, 0, ANY, NULL},
+    {"vk_evictions", FK_U64, FD_OPT, OFF(stats_ok.vk_evictions), 0, 0, ANY, NULL},
+    {"vk_resident", FK_U32, FD_OPT, OFF(stats_ok.vk_resident), 0, 0, UINT32_MAX, NULL},
+    {"vk_device_ms", FK_F64, FD_OPT, OFF(stats_ok.vk_device_ms), 0, 0, 0, NULL},
+    {"vk_cpu_ms", FK_F64, FD_OPT, OFF(stats_ok.vk_cpu_ms), 0, 0, 0, NULL},
+    {"vk_wait_ms", FK_F64, FD_OPT, OFF(stats_ok.vk_wait_ms), 0, 0, 0, NULL},
+    {"vk_off", FK_BOOL, FD_OPT, OFF(stats_ok.vk_off), 0, 0, 1, NULL},
 };
 static const field_desc f_heartbeat[] = {
     F_U64("req", heartbeat.busy_request, 0, ANY, NULL),

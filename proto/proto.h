@@ -139,6 +139,12 @@ typedef struct proto_stats_ok { /* cumulative since the worker started */
     double read_gbps;              /* measured drive read GB/s, 0 = not measured */
     double uptime_s;               /* seconds since the worker started */
     bool registered;               /* a coordinator's HELLO is current (epoch != 0) */
+    /* optional (1.2): the worker's Vulkan expert tier (docs/VULKAN.md "Stats"), 0 = none */
+    uint64_t vk_calls, vk_pairs;                /* expert calls / pairs on the device */
+    uint64_t vk_promotions, vk_evictions;       /* residency changes during the run */
+    uint32_t vk_resident;                       /* experts on the device now */
+    double vk_device_ms, vk_cpu_ms, vk_wait_ms; /* per MoE step, summed */
+    bool vk_off;                                /* the device failed: CPU alone */
 } proto_stats_ok;
 
 typedef struct proto_heartbeat {

@@ -111,6 +111,15 @@ static const key_spec keys[] = {
     {PROTO_MSG_STATS_OK, "read_gbps", K_F64, 0},
     {PROTO_MSG_STATS_OK, "uptime_s", K_F64, 0},
     {PROTO_MSG_STATS_OK, "registered", K_BOOL, 0},
+    {PROTO_MSG_STATS_OK, "vk_calls", K_U64, 0}, /* 1.2, optional: the Vulkan tier */
+    {PROTO_MSG_STATS_OK, "vk_pairs", K_U64, 0},
+    {PROTO_MSG_STATS_OK, "vk_promotions", K_U64, 0},
+    {PROTO_MSG_STATS_OK, "vk_evictions", K_U64, 0},
+    {PROTO_MSG_STATS_OK, "vk_resident", K_U32, 0},
+    {PROTO_MSG_STATS_OK, "vk_device_ms", K_F64, 0},
+    {PROTO_MSG_STATS_OK, "vk_cpu_ms", K_F64, 0},
+    {PROTO_MSG_STATS_OK, "vk_wait_ms", K_F64, 0},
+    {PROTO_MSG_STATS_OK, "vk_off", K_BOOL, 0},
     {PROTO_MSG_HEARTBEAT, "req", K_U64, 0},
 };
 #define N_KEYS (int)(sizeof keys / sizeof keys[0])

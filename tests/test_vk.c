@@ -198,6 +198,63 @@ int main(void) {
         mat_free(&w1), mat_free(&w2), mat_free(&w3);
     }
 
+    { /* several experts in one submission (k3_vk_experts_apply, what a MoE step's device
+       * job sends): each expert's rows are the CPU's, n = 0 experts included, odd row
+       * counts so the segments need the offset alignment */
+        enum { M = 5, EI = 64, EL = 96 };
+        static const int nn[M] = {3, 0, 1, 7, 2};
+        mat w[M][3];
+        k3_vk_expert *ex[M] = {0};
+        int ok = 1, tot = 0;
+        for (int i = 0; i < M; i++) {
+            mat_make(&w[i][0], EI, EL, 118, 136);
+            mat_make(&w[i][1], EL, EI, 118, 136);
+            mat_make(&w[i][2], EI, EL, 118, 136);
+            ok = ok && k3_vk_expert_upload(vk, &w[i][0].m, &w[i][1].m, &w[i][2].m, &ex[i], err,
+                                           sizeof err) == K3_OK;
+            tot += nn[i];
+        }
+        float *z = malloc(sizeof(float) * tot * EL), *yv = malloc(sizeof(float) * tot * EL),
+              *yc = malloc(sizeof(float) * tot * EL);
+        for (int i = 0; i < tot * EL; i++) z[i] = rnd_normal();
+        ok = ok && k3_vk_experts_apply(vk, (const k3_vk_expert *const *)ex, nn, M, z, 4.0f, 25.0f,
+                                       yv, err, sizeof err) == K3_OK;
+        int row = 0;
+        for (int i = 0; i < M; i++) {
+            if (nn[i])
+                cpu_expert(&w[i][0], &w[i][1], &w[i][2], z + (size_t)row * EL, nn[i], 4.0f, 25.0f,
+                           yc + (size_t)row * EL);
+            row += nn[i];
+        }
+        size_t bits = 0;
+        for (int i = 0; ok && i < tot * EL; i++) bits += memcmp(&yv[i], &yc[i], sizeof(float)) == 0;
+        double rel = ok ? t_rel_l2(yv, yc, (size_t)tot * EL) : -1.0;
+        CHECK(ok && rel <= 1e-6 && (!k3_vk_exact(vk) || bits == (size_t)tot * EL),
+              "%d experts (%d pairs, one with none) in one submission: rel-L2 %.3g, %zu of %d "
+              "outputs bit-identical to the CPU%s",
+              M, tot, rel, bits, tot * EL, ok ? "" : err);
+        const k3_vk_expert *mix[2] = {ex[0], NULL};
+        mat s1, s2, s3; /* another shape in the same call is refused */
+        mat_make(&s1, 32, 64, 127, 127);
+        mat_make(&s2, 64, 32, 127, 127);
+        mat_make(&s3, 32, 64, 127, 127);
+        k3_vk_expert *other = NULL;
+        st = k3_vk_expert_upload(vk, &s1.m, &s2.m, &s3.m, &other, err, sizeof err);
+        mix[1] = other;
+        int n2[2] = {1, 1};
+        if (st == K3_OK)
+            st = k3_vk_experts_apply(vk, mix, n2, 2, z, 4.0f, 25.0f, yv, err, sizeof err);
+        CHECK(st == K3_ERR_ARG && strstr(err, "32x64"),
+              "experts of two shapes in one call refused: %s", err);
+        k3_vk_expert_free(vk, &other);
+        mat_free(&s1), mat_free(&s2), mat_free(&s3);
+        for (int i = 0; i < M; i++) {
+            k3_vk_expert_free(vk, &ex[i]);
+            for (int k = 0; k < 3; k++) mat_free(&w[i][k]);
+        }
+        free(z), free(yv), free(yc);
+    }
+
     { /* errors: shapes, budget, device index */
         mat a, b;
         mat_make(&a, 32, 64, 127, 127);

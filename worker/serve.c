@@ -27,6 +27,7 @@
 #include "common/base/limits.h"
 #include "common/base/log.h"
 #include "common/engine/stage.h"
+#include "common/vk/vk_tier.h"
 #include "worker/sessions.h"
 #include "worker/worker.h"
 
@@ -281,6 +282,16 @@ static void on_stats(wk *w, wk_req *r) {
     so->read_gbps = w->o->read_gbps;
     so->uptime_s = (k3_now_ms() - w->o->start_ms) / 1000.0;
     so->registered = w->epoch != 0;
+    struct k3_vk_tier *vt = k3_model_vk(w->m);
+    if (vt) { /* the Vulkan expert tier (docs/VULKAN.md "Stats") */
+        k3_vk_tier_stats v;
+        k3_vk_tier_stats_get(vt, &v);
+        so->vk_calls = v.calls, so->vk_pairs = v.pairs;
+        so->vk_promotions = v.promotions, so->vk_evictions = v.evictions;
+        so->vk_resident = (uint32_t)v.resident;
+        so->vk_device_ms = v.device_ms, so->vk_cpu_ms = v.cpu_ms, so->vk_wait_ms = v.wait_ms;
+        so->vk_off = v.off != 0;
+    }
     wk_send(w, &r->fr.from, &m, NULL, NULL, 0);
 }
 

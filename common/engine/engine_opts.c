@@ -91,4 +91,7 @@ void k3_engine_opts_model(const k3_engine_opts *e, k3_model_opts *mo, char *usag
     mo->usage_path = strcmp(usage_buf, "off") != 0 && usage_buf[0] ? usage_buf : NULL;
     mo->usage_save = e->usage_save;
     mo->mmap = e->mmap;
+    mo->vk = e->vk;
+    mo->vk_device = e->vk_device;
+    mo->vk_gb = e->vk_gb;
 }

@@ -49,6 +49,9 @@ typedef struct k3_engine_opts {
     int log_level;      /* a k3_log_level (k3_engine_opts_apply) */
     int quiet;          /* --quiet: warnings and errors only (beats log_level) */
     char *placement;    /* expert placement file (striping), NULL = none */
+    int vk;             /* the Vulkan expert tier (docs/VULKAN.md) */
+    int vk_device;      /* its physical device index */
+    double vk_gb;       /* its budget, GB (10^9 bytes), 0 = the device's largest heap */
 } k3_engine_opts;
 
 /* Offset of engine field f inside the program's struct T, whose
@@ -223,6 +226,37 @@ typedef struct k3_engine_opts {
      .max = K3_MAX_LAYERS,                                                                         \
      .metavar = "N",                                                                               \
      .help = "truncate the stack to N layers (no head: trace only), 0 = all"},                  \
+    {.name = "vk",                                                                                 \
+     .flag = "--vk",                                                                               \
+     .env = "COLI_VULKAN",                                                                         \
+     .env_alias = "K3_VK",                                                                         \
+     .type = K3_OPT_BOOL,                                                                          \
+     .offset = K3_ENGINE_OFF(T, m, vk),                                                            \
+     .def = "0",                                                                                   \
+     .help = "Vulkan expert tier: the hottest routed experts computed on the GPU (same tokens "    \
+             "with --exact; docs/VULKAN.md)"},                                                     \
+    {.name = "vk_device",                                                                          \
+     .flag = "--vk-device",                                                                        \
+     .env = "K3_VK_DEVICE",                                                                        \
+     .type = K3_OPT_INT,                                                                           \
+     .offset = K3_ENGINE_OFF(T, m, vk_device),                                                     \
+     .def = "0",                                                                                   \
+     .min = 0,                                                                                     \
+     .max = 63,                                                                                    \
+     .metavar = "N",                                                                               \
+     .help = "Vulkan device index (vulkaninfo --summary order)"},                                  \
+    {.name = "vk_gb",                                                                              \
+     .flag = "--vk-gb",                                                                            \
+     .env = "COLI_VK_TIER_GB",                                                                     \
+     .env_alias = "K3_VK_GB",                                                                      \
+     .type = K3_OPT_DOUBLE,                                                                        \
+     .offset = K3_ENGINE_OFF(T, m, vk_gb),                                                         \
+     .def = "0",                                                                                   \
+     .min = 0,                                                                                     \
+     .max = 65536,                                                                                 \
+     .metavar = "GB",                                                                              \
+     .help = "Vulkan tier budget in 10^9 bytes, 0 = the device's largest heap (local workers "     \
+             "split it)"},                                                                         \
     K3_KERN_OPT_ISA(T, m.isa),                                                                     \
     K3_LOG_OPT_LEVEL(T, m.log_level),                                                              \
     K3_LOG_OPT_QUIET(T, m.quiet)

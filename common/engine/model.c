@@ -30,6 +30,7 @@
 
 #include "common/experts/experts.h"
 #include "common/experts/placement.h"
+#include "common/vk/vk_tier.h"
 #include "common/kernels/kernels.h"
 #include "common/layers/layers.h"
 #include "common/base/log.h"
@@ -43,6 +44,7 @@ struct k3_model {
     int layer_a, layer_b;    /* [a, b) */
     k3_layer_w *layers;      /* [b - a], owned */
     k3_experts *experts;     /* owned; NULL when the range has no MoE layer */
+    k3_vk_tier *vk;          /* owned; NULL = no Vulkan tier (not asked, or it failed) */
     k3_placement *placement; /* owned; NULL = experts read from the shards */
     char *usage_path;        /* owned copy of opts.usage_path, NULL = no history */
     k3_pool *pool;           /* owned; shared by every forward and head (pool.h turns) */
@@ -883,6 +885,12 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
     free(ld);
     if (st == K3_OK && m->experts && opts->usage_path) st = usage_start(m, err, errlen);
     if (st != K3_OK) goto fail;
+    if (opts->vk && m->experts) { /* after the history: the tier fills from it */
+        char verr[512];
+        if (k3_vk_tier_open(&m->vk, m->experts, c, m->layer_a, m->layer_b, opts->vk_device,
+                            opts->vk_gb, opts->idot, verr, sizeof verr) != K3_OK)
+            K3_WARN("--vk: the Vulkan expert tier is off, the CPU computes every expert: %s", verr);
+    }
     if (opts->verbose)
         fprintf(stderr, "k3: layers [%d, %d) of %d loaded in %.2f s, %.1f MB resident\n",
                 m->layer_a, m->layer_b, c->n_layers, k3_now_s() - t0, (double)m->resident / 1e6);
@@ -902,6 +910,7 @@ void k3_model_close(k3_model **mp) {
     free(m->final_norm);
     free(m->w_out);
     qfree(&m->lm_head);
+    k3_vk_tier_close(&m->vk); /* before the store it borrows */
     k3_experts_close(&m->experts);
     k3_placement_free(&m->placement);
     free(m->usage_path);
@@ -937,6 +946,9 @@ struct k3_experts *k3_model_experts(k3_model *m) {
     return m->experts;
 }
 int k3_model_idot(const k3_model *m) { return m->opts.idot; }
+struct k3_vk_tier *k3_model_vk(k3_model *m) {
+    return m->vk;
+}
 double k3_model_topp(const k3_model *m) { return m->opts.topp; }
 
 /* ---- embedding and head ---- */

@@ -67,6 +67,10 @@ typedef struct k3_model_opts {
                                would need conversion is refused (docs/MODEL.md 2.3) */
     const char *placement;  /* K3_PLACEMENT: expert placement file (expert striping,
                                common/experts/placement.h), NULL = experts from the shards */
+    int vk;                 /* --vk: the Vulkan expert tier (docs/VULKAN.md); a device that
+                               cannot open is warned about and the CPU computes alone */
+    int vk_device;          /* --vk-device: physical device index */
+    double vk_gb;           /* --vk-gb: tier budget, 10^9 bytes; <= 0 = the device's heap */
 } k3_model_opts;
 
 /* Fills opts with the defaults of docs/INTERFACES.md 3 (bits 4/8/8, idot 1,
@@ -124,6 +128,8 @@ struct k3_experts;
 const struct k3_layer_w *k3_model_layer(const k3_model *m, int layer);
 /* The routed-expert store of the range (NULL when it has no MoE layer). */
 struct k3_experts *k3_model_experts(k3_model *m);
+/* The Vulkan expert tier of the model's range, NULL when off. */
+struct k3_vk_tier *k3_model_vk(k3_model *m);
 int k3_model_idot(const k3_model *m);
 double k3_model_topp(const k3_model *m);
 

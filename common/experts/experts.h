@@ -154,6 +154,18 @@ void k3_experts_batch_put(k3_expert_batch *b, int i);
  * the counters to the caller's stats and the store's totals. NULL is fine. */
 void k3_experts_batch_close(k3_expert_batch **b);
 
+/* Lends expert e of layer to fn(ctx, view) for the time of the call (read
+ * from disk unless cached; expert_fetch.c). Not counted as usage nor in
+ * k3_experts_totals. fn's status is returned; store errors as for a batch. */
+k3_status k3_experts_fetch(k3_experts *s, int layer, int32_t e,
+                           k3_status (*fn)(void *ctx, const k3_expert_view *v, char *err,
+                                           size_t errlen),
+                           void *ctx, char *err, size_t errlen);
+
+/* Counts ids [n] of layer as used once each, as a batch's admission does:
+ * for experts a step computed without the store (the Vulkan tier's). */
+void k3_experts_count_use(k3_experts *s, int layer, const int32_t *ids, int n);
+
 /* Totals since open (all layers). */
 void k3_experts_totals(k3_experts *s, k3_expert_stats *out);
 /* Bytes currently held in slot buffers. */

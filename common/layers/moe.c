@@ -18,12 +18,21 @@
  * shared experts. Nothing earlier can be read: the next MoE layer's
  * experts depend on its router's input, which is this layer's output (and
  * the attention after it), so a prefetch across layers would be a guess.
+ *
+ * Vulkan tier (lc->vk, common/vk/vk_tier.h, docs/VULKAN.md): the experts of
+ * the union resident on the device leave the CPU's list after routing and
+ * run there as one job, started once z exists, while the CPU computes the
+ * shared experts and its own; their rows land in the same per-selection
+ * array, so the id-order sum below is unchanged. A device failure returns
+ * the job's experts, which the CPU then reads and computes.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/base/log.h"
 #include "common/layers/layers.h"
+#include "common/vk/vk_tier.h"
 
 /* ---- router ---- */
 
@@ -117,6 +126,64 @@ void k3_moe_expert_apply(const k3_layer_ctx *lc, const k3_expert_view *e, const 
     }
 }
 
+/* ---- the CPU's routed experts ---- */
+
+/* One step's buffers, shared by the CPU expert loop and its callers. */
+typedef struct moe_rows {
+    int T, K, LT, G;
+    const int32_t *sel; /* [T][topk] */
+    const float *sel_w; /* [T][topk] */
+    const int *n_sel;   /* [T] */
+    const float *z;     /* [T][latent] */
+    const int8_t *zq;   /* [T][latent] (idot) */
+    const float *zs;    /* [T][latent/32] (idot) */
+    int *rows, *rsel;   /* [T] */
+    float *rw, *zg;     /* [T], [T][latent] */
+    int8_t *zqg;        /* [T][latent] */
+    float *zsg, *y;     /* [T][latent/32], [T][latent] */
+    float *ysel;        /* [T][topk][latent] */
+} moe_rows;
+
+/* Experts run [n] of an open batch, in order: each over the rows that
+ * chose it, the output row kept per (position, selection) in ysel. */
+static k3_status cpu_experts(const k3_layer_ctx *lc, k3_expert_batch *batch, const int32_t *run,
+                             int n_run, const moe_rows *m, k3_arena *ar, char *err, size_t errlen) {
+    const int T = m->T, K = m->K, LT = m->LT, G = m->G;
+    k3_status st = K3_OK;
+    for (int i = 0; i < n_run; i++) {
+        int32_t e = run[i];
+        int n = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < m->n_sel[t]; k++)
+                if (m->sel[(size_t)t * K + k] == e) {
+                    m->rows[n] = t;
+                    m->rsel[n] = k;
+                    m->rw[n] = m->sel_w[(size_t)t * K + k];
+                    n++;
+                }
+        for (int r = 0; r < n; r++) {
+            size_t src = (size_t)m->rows[r];
+            if (lc->idot) {
+                memcpy(m->zqg + (size_t)r * LT, m->zq + src * LT, (size_t)LT);
+                memcpy(m->zsg + (size_t)r * G, m->zs + src * G, sizeof(float) * (size_t)G);
+            } else {
+                memcpy(m->zg + (size_t)r * LT, m->z + src * LT, sizeof(float) * (size_t)LT);
+            }
+        }
+        k3_expert_view view;
+        st = k3_experts_batch_get(batch, i, &view, err, errlen);
+        if (st != K3_OK) break;
+        size_t mark = ar->used;
+        k3_moe_expert_apply(lc, &view, m->zg, m->zqg, m->zsg, n, m->y, ar);
+        ar->used = mark;
+        k3_experts_batch_put(batch, i);
+        for (int r = 0; r < n; r++)
+            memcpy(m->ysel + ((size_t)m->rows[r] * K + (size_t)m->rsel[r]) * LT,
+                   m->y + (size_t)r * LT, sizeof(float) * (size_t)LT);
+    }
+    return st;
+}
+
 /* ---- LatentMoE ---- */
 
 size_t k3_moe_scratch_bytes(const k3_config *c, int T) {
@@ -137,7 +204,8 @@ size_t k3_moe_scratch_bytes(const k3_config *c, int T) {
            + k3_arena_round(sizeof(int) * t)            /* gathered selection index */
            + k3_arena_round(sizeof(float) * t * K * Lt) /* expert outputs per selection */
            + 2 * k3_arena_round(sizeof(float) * t * S)  /* shared g, u */
-           + k3_arena_round(sizeof(float) * t * D);     /* shared out */
+           + k3_arena_round(sizeof(float) * t * D)      /* shared out */
+           + k3_arena_round(sizeof(int32_t) * E);       /* Vulkan tier: ids to redo */
 }
 
 k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, const float *x,
@@ -163,6 +231,8 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     }
     int32_t *order = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);
     int n_union = k3_experts_disk_order(lc->experts, layer, in_union, order);
+    /* the Vulkan tier takes the experts resident on its device (docs/VULKAN.md) */
+    k3_vk_job *vj = lc->vk ? k3_vk_tier_claim(lc->vk, layer, order, &n_union) : NULL;
 
     /* Compute order: the experts already cached first, then the rest, each
      * part in disk order. While the cached ones compute, their slots free
@@ -190,7 +260,10 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     k3_expert_batch *batch = NULL;
     k3_status st =
         k3_experts_batch_open(&batch, lc->experts, layer, run, n_run, stats, err, errlen);
-    if (st != K3_OK) return st;
+    if (st != K3_OK) {
+        if (vj) k3_vk_tier_finish(lc->vk, &vj, 0.0, order); /* never started: unpins */
+        return st;
+    }
 
     /* latent input z = W_down x                           [T][latent] */
     float *z = K3_ARENA_F(ar, (size_t)T * LT);
@@ -198,6 +271,8 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     int8_t *zq = k3_arena_alloc(ar, (size_t)T * LT); /* [T][latent] int8 (idot) */
     float *zs = K3_ARENA_F(ar, (size_t)T * G);       /* [T][latent/32] */
     if (lc->idot) k3_act_quant_q8(z, T, LT, zq, zs);
+    float *ysel = K3_ARENA_F(ar, (size_t)T * K * LT); /* [T][topk][latent] */
+    if (vj) k3_vk_tier_start(lc->vk, vj, z, sel, n_sel, T, K, ysel);
 
     /* shared experts on the same x, computed now (under the reads) and
      * added unweighted at the very end, so the sum is the same as when
@@ -221,41 +296,24 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     float *zg = K3_ARENA_F(ar, (size_t)T * LT); /* gathered z rows */
     int8_t *zqg = k3_arena_alloc(ar, (size_t)T * LT);
     float *zsg = K3_ARENA_F(ar, (size_t)T * G);
-    float *y = K3_ARENA_F(ar, (size_t)T * LT);        /* [n][latent] expert outputs */
-    float *ysel = K3_ARENA_F(ar, (size_t)T * K * LT); /* [T][topk][latent] */
-    for (int i = 0; i < n_run; i++) {
-        int32_t e = run[i];
-        int n = 0;
-        for (int t = 0; t < T; t++)
-            for (int k = 0; k < n_sel[t]; k++)
-                if (sel[(size_t)t * K + k] == e) {
-                    rows[n] = t;
-                    rsel[n] = k;
-                    rw[n] = sel_w[(size_t)t * K + k];
-                    n++;
-                }
-        for (int r = 0; r < n; r++) {
-            size_t src = (size_t)rows[r];
-            if (lc->idot) {
-                memcpy(zqg + (size_t)r * LT, zq + src * LT, (size_t)LT);
-                memcpy(zsg + (size_t)r * G, zs + src * G, sizeof(float) * (size_t)G);
-            } else {
-                memcpy(zg + (size_t)r * LT, z + src * LT, sizeof(float) * (size_t)LT);
-            }
-        }
-        k3_expert_view view;
-        st = k3_experts_batch_get(batch, i, &view, err, errlen);
-        if (st != K3_OK) break;
-        size_t mark = ar->used;
-        k3_moe_expert_apply(lc, &view, zg, zqg, zsg, n, y, ar);
-        ar->used = mark;
-        k3_experts_batch_put(batch, i);
-        for (int r = 0; r < n; r++)
-            memcpy(ysel + ((size_t)rows[r] * K + (size_t)rsel[r]) * LT, y + (size_t)r * LT,
-                   sizeof(float) * (size_t)LT);
-    }
+    float *y = K3_ARENA_F(ar, (size_t)T * LT); /* [n][latent] expert outputs */
+    moe_rows mr = {T,  K,    LT,   G,  sel, sel_w, n_sel, z, zq,
+                   zs, rows, rsel, rw, zg,  zqg,   zsg,   y, ysel};
+    double c0 = k3_now_ms();
+    st = cpu_experts(lc, batch, run, n_run, &mr, ar, err, errlen);
     k3_experts_batch_close(&batch);
+    if (vj) { /* the device's pairs; any it could not compute, on the CPU now */
+        int32_t *redo = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);
+        int n_redo = k3_vk_tier_finish(lc->vk, &vj, k3_now_ms() - c0, redo);
+        if (st == K3_OK && n_redo > 0) {
+            st =
+                k3_experts_batch_open(&batch, lc->experts, layer, redo, n_redo, stats, err, errlen);
+            if (st == K3_OK) st = cpu_experts(lc, batch, redo, n_redo, &mr, ar, err, errlen);
+            k3_experts_batch_close(&batch);
+        }
+    }
     if (st != K3_OK) return st;
+    k3_vk_tier_offer(lc->vk, layer, run, n_run); /* promotion candidates */
 
     /* U[t] += w_e y_e over t's experts in expert id order, whatever order
      * they ran in, so the bits depend neither on the cache nor on the chunk,

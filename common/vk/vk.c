@@ -7,6 +7,7 @@
  * a device-local staging path is future work (docs/VULKAN.md). */
 #include "common/vk/vk.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +55,12 @@ k3_status k3_vk_expert_apply(k3_vk *vk, const k3_vk_expert *e, const float *z, i
     (void)vk, (void)e, (void)z, (void)n, (void)b1, (void)b2, (void)y;
     return k3_errf(K3_ERR_STATE, err, errlen, "the Vulkan expert tier is unavailable");
 }
+k3_status k3_vk_experts_apply(k3_vk *vk, const k3_vk_expert *const *e, const int *n, int m,
+                              const float *z, float b1, float b2, float *y, char *err,
+                              size_t errlen) {
+    (void)vk, (void)e, (void)n, (void)m, (void)z, (void)b1, (void)b2, (void)y;
+    return k3_errf(K3_ERR_STATE, err, errlen, "the Vulkan expert tier is unavailable");
+}
 
 #else
 
@@ -98,9 +105,12 @@ struct k3_vk {
     VkShaderModule shader;
     VkPipeline pipe;
     VkDescriptorPool dpool;
-    VkDescriptorSet set;
-    vk_buf x, a, y; /* activations: z [n][L], SiTU [n][I], result [n][L] */
+    VkDescriptorSet *sets; /* [n_sets]: one per expert of a call */
+    int n_sets;
+    VkDeviceSize align; /* minStorageBufferOffsetAlignment */
+    vk_buf x, a, y;     /* activations: z [n][L], SiTU [n][I], result [n][L] */
     uint64_t budget, used;
+    pthread_mutex_t used_mu; /* used: uploads and frees may run beside an apply */
     int is_cpu;
     int fma64;  /* 1: the float64 FMA shader (the CPU's bits) */
     int broken; /* a call timed out: the command buffer may still run */
@@ -167,6 +177,38 @@ static k3_status buf_need(k3_vk *vk, vk_buf *b, VkDeviceSize size, char *err, si
     return buf_alloc(vk, b, size + size / 4, err, errlen);
 }
 
+/* at least n descriptor sets (one per expert of a call); the pool is
+ * remade larger when needed (no call is in flight then) */
+static k3_status sets_need(k3_vk *vk, int n, char *err, size_t errlen) {
+    if (n <= vk->n_sets) return K3_OK;
+    int cap = vk->n_sets * 2 > n ? vk->n_sets * 2 : n;
+    if (cap < 16) cap = 16;
+    if (vk->dpool) vkDestroyDescriptorPool(vk->dev, vk->dpool, NULL);
+    vk->dpool = VK_NULL_HANDLE;
+    free(vk->sets);
+    vk->sets = NULL;
+    vk->n_sets = 0;
+    VkDescriptorPoolSize ps = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                               .descriptorCount = 4 * (uint32_t)cap};
+    VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
+                                      .maxSets = (uint32_t)cap,
+                                      .poolSizeCount = 1,
+                                      .pPoolSizes = &ps};
+    VK_TRY(vkCreateDescriptorPool(vk->dev, &dpi, NULL, &vk->dpool), "vkCreateDescriptorPool");
+    VkDescriptorSetLayout *lay = k3_xcalloc((size_t)cap, sizeof *lay);
+    for (int i = 0; i < cap; i++) lay[i] = vk->dsl;
+    vk->sets = k3_xcalloc((size_t)cap, sizeof *vk->sets);
+    VkDescriptorSetAllocateInfo dai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+                                       .descriptorPool = vk->dpool,
+                                       .descriptorSetCount = (uint32_t)cap,
+                                       .pSetLayouts = lay};
+    VkResult r = vkAllocateDescriptorSets(vk->dev, &dai, vk->sets);
+    free(lay);
+    if (r != VK_SUCCESS) return vk_fail(r, "vkAllocateDescriptorSets", err, errlen);
+    vk->n_sets = cap;
+    return K3_OK;
+}
+
 static k3_status vk_setup(k3_vk *vk, int device, double budget_gb, char *err, size_t errlen) {
     VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO,
                              .pApplicationName = "k3shard",
@@ -201,6 +243,9 @@ static k3_status vk_setup(k3_vk *vk, int device, double budget_gb, char *err, si
     snprintf(vk->name, sizeof vk->name, "%s", props.deviceName);
     vk->is_cpu = props.deviceType == VK_PHYSICAL_DEVICE_TYPE_CPU;
     vk->max_range = props.limits.maxStorageBufferRange;
+    vk->align = props.limits.minStorageBufferOffsetAlignment
+                    ? props.limits.minStorageBufferOffsetAlignment
+                    : 1;
 
     uint32_t nq = 0;
     vkGetPhysicalDeviceQueueFamilyProperties(vk->phys, &nq, NULL);
@@ -314,23 +359,13 @@ static k3_status vk_setup(k3_vk *vk, int device, double budget_gb, char *err, si
         .layout = vk->layout};
     VK_TRY(vkCreateComputePipelines(vk->dev, VK_NULL_HANDLE, 1, &cpi, NULL, &vk->pipe),
            "vkCreateComputePipelines");
-    VkDescriptorPoolSize ps = {.type = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .descriptorCount = 4};
-    VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO,
-                                      .maxSets = 1,
-                                      .poolSizeCount = 1,
-                                      .pPoolSizes = &ps};
-    VK_TRY(vkCreateDescriptorPool(vk->dev, &dpi, NULL, &vk->dpool), "vkCreateDescriptorPool");
-    VkDescriptorSetAllocateInfo dai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
-                                       .descriptorPool = vk->dpool,
-                                       .descriptorSetCount = 1,
-                                       .pSetLayouts = &vk->dsl};
-    VK_TRY(vkAllocateDescriptorSets(vk->dev, &dai, &vk->set), "vkAllocateDescriptorSets");
-    return K3_OK;
+    return sets_need(vk, 1, err, errlen);
 }
 
 k3_status k3_vk_open(k3_vk **out, int device, double budget_gb, char *err, size_t errlen) {
     *out = NULL;
     k3_vk *vk = k3_xcalloc(1, sizeof *vk);
+    pthread_mutex_init(&vk->used_mu, NULL);
     k3_status st = vk_setup(vk, device, budget_gb, err, errlen);
     if (st != K3_OK) {
         k3_vk_close(&vk);
@@ -358,6 +393,8 @@ void k3_vk_close(k3_vk **pvk) {
         vkDestroyDevice(vk->dev, NULL);
     }
     if (vk->inst) vkDestroyInstance(vk->inst, NULL);
+    free(vk->sets);
+    pthread_mutex_destroy(&vk->used_mu);
     free(vk);
     *pvk = NULL;
 }
@@ -366,7 +403,12 @@ const char *k3_vk_device_name(const k3_vk *vk) { return vk->name; }
 int k3_vk_is_cpu(const k3_vk *vk) { return vk->is_cpu; }
 int k3_vk_exact(const k3_vk *vk) { return vk->fma64; }
 uint64_t k3_vk_budget_bytes(const k3_vk *vk) { return vk->budget; }
-uint64_t k3_vk_used_bytes(const k3_vk *vk) { return vk->used; }
+uint64_t k3_vk_used_bytes(const k3_vk *vk) {
+    pthread_mutex_lock((pthread_mutex_t *)&vk->used_mu);
+    uint64_t u = vk->used;
+    pthread_mutex_unlock((pthread_mutex_t *)&vk->used_mu);
+    return u;
+}
 
 static int shape_ok(const k3_mxfp4 *m, int rows, int cols) {
     return m->rows == rows && m->cols == cols && m->packed && m->scale;
@@ -388,16 +430,23 @@ k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2,
                        "vulkan upload: an expert of %llu bytes passes %s's storage buffer "
                        "limit of %llu bytes",
                        (unsigned long long)bytes, vk->name, (unsigned long long)vk->max_range);
-    if (vk->used + bytes > vk->budget)
+    pthread_mutex_lock(&vk->used_mu); /* reserve the bytes first */
+    uint64_t used = vk->used;
+    if (used + bytes <= vk->budget) vk->used += bytes;
+    pthread_mutex_unlock(&vk->used_mu);
+    if (used + bytes > vk->budget)
         return k3_errf(K3_ERR_LIMIT, err, errlen,
                        "vulkan upload: %llu more bytes would pass the tier budget of %llu bytes "
                        "(%llu in use)",
                        (unsigned long long)bytes, (unsigned long long)vk->budget,
-                       (unsigned long long)vk->used);
+                       (unsigned long long)used);
     k3_vk_expert *e = k3_xcalloc(1, sizeof *e);
     k3_status st = buf_alloc(vk, &e->w, bytes, err, errlen);
     if (st != K3_OK) {
         free(e);
+        pthread_mutex_lock(&vk->used_mu);
+        vk->used -= bytes;
+        pthread_mutex_unlock(&vk->used_mu);
         return st;
     }
     e->inter = I;
@@ -410,7 +459,6 @@ k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2,
         memcpy(p + mat / 2, m[i]->scale, mat / 32);
         p += mat / 2 + mat / 32;
     }
-    vk->used += bytes;
     *out = e;
     return K3_OK;
 }
@@ -418,85 +466,143 @@ k3_status k3_vk_expert_upload(k3_vk *vk, const k3_mxfp4 *w1, const k3_mxfp4 *w2,
 void k3_vk_expert_free(k3_vk *vk, k3_vk_expert **pe) {
     k3_vk_expert *e = *pe;
     if (!e) return;
-    vk->used -= k3_vk_expert_bytes(e->inter, e->latent);
     buf_free(vk, &e->w);
+    pthread_mutex_lock(&vk->used_mu);
+    vk->used -= k3_vk_expert_bytes(e->inter, e->latent);
+    pthread_mutex_unlock(&vk->used_mu);
     free(e);
     *pe = NULL;
 }
 
 k3_status k3_vk_expert_apply(k3_vk *vk, const k3_vk_expert *e, const float *z, int n, float b1,
                              float b2, float *y, char *err, size_t errlen) {
+    return k3_vk_experts_apply(vk, &e, &n, 1, z, b1, b2, y, err, errlen);
+}
+
+static VkDeviceSize round_up(VkDeviceSize x, VkDeviceSize a) { return (x + a - 1) / a * a; }
+
+k3_status k3_vk_experts_apply(k3_vk *vk, const k3_vk_expert *const *e, const int *n, int m,
+                              const float *z, float b1, float b2, float *y, char *err,
+                              size_t errlen) {
     if (vk->broken)
         return k3_errf(K3_ERR_STATE, err, errlen,
                        "vulkan: %s timed out earlier; the tier is off for this process", vk->name);
-    if (n <= 0) return K3_OK;
-    const int I = e->inter, L = e->latent;
-    const VkDeviceSize xb = (VkDeviceSize)n * L * sizeof(float);
-    const VkDeviceSize ab = (VkDeviceSize)n * I * sizeof(float);
-    if (xb > vk->max_range || ab > vk->max_range || n > K3_VK_MAX_PAIRS)
-        return k3_errf(K3_ERR_LIMIT, err, errlen,
-                       "vulkan: %d pairs of %d and %d floats pass %s's limits (%llu bytes per "
-                       "buffer, %d pairs)",
-                       n, L, I, vk->name, (unsigned long long)vk->max_range, K3_VK_MAX_PAIRS);
-    k3_status st;
-    if ((st = buf_need(vk, &vk->x, xb, err, errlen)) != K3_OK ||
-        (st = buf_need(vk, &vk->a, ab, err, errlen)) != K3_OK ||
-        (st = buf_need(vk, &vk->y, xb, err, errlen)) != K3_OK)
-        return st;
-    memcpy(vk->x.map, z, xb);
+    if (m <= 0) return K3_OK;
+    const int I = e[0]->inter, L = e[0]->latent;
+    /* each expert's rows get their own aligned segment of x, a and y */
+    VkDeviceSize *off = k3_xcalloc((size_t)m * 2, sizeof *off); /* [m] x/y, [m] a */
+    VkDeviceSize xt = 0, at = 0;
+    int live = 0;
+    for (int i = 0; i < m; i++) {
+        if (e[i]->inter != I || e[i]->latent != L || n[i] < 0) {
+            free(off);
+            return k3_errf(K3_ERR_ARG, err, errlen,
+                           "vulkan: expert %d of a call is %dx%d with %d pairs, the first %dx%d", i,
+                           e[i]->inter, e[i]->latent, n[i], I, L);
+        }
+        const VkDeviceSize xb = (VkDeviceSize)n[i] * L * sizeof(float);
+        const VkDeviceSize ab = (VkDeviceSize)n[i] * I * sizeof(float);
+        if (xb > vk->max_range || ab > vk->max_range || n[i] > K3_VK_MAX_PAIRS) {
+            free(off);
+            return k3_errf(K3_ERR_LIMIT, err, errlen,
+                           "vulkan: %d pairs of %d and %d floats pass %s's limits (%llu bytes "
+                           "per buffer, %d pairs)",
+                           n[i], L, I, vk->name, (unsigned long long)vk->max_range,
+                           K3_VK_MAX_PAIRS);
+        }
+        off[i] = xt;
+        off[m + i] = at;
+        xt += round_up(xb, vk->align);
+        at += round_up(ab, vk->align);
+        live += n[i] > 0;
+    }
+    k3_status st = K3_OK;
+    if (live == 0) goto done;
+    if ((st = buf_need(vk, &vk->x, xt, err, errlen)) != K3_OK ||
+        (st = buf_need(vk, &vk->a, at, err, errlen)) != K3_OK ||
+        (st = buf_need(vk, &vk->y, xt, err, errlen)) != K3_OK ||
+        (st = sets_need(vk, m, err, errlen)) != K3_OK)
+        goto done;
+    size_t row = 0; /* rows of z / y so far */
+    for (int i = 0; i < m; i++) {
+        memcpy((char *)vk->x.map + off[i], z + row * L, sizeof(float) * (size_t)n[i] * L);
+        row += (size_t)n[i];
+        if (n[i] == 0) continue;
+        const VkDeviceSize xb = (VkDeviceSize)n[i] * L * sizeof(float);
+        const VkDeviceSize ab = (VkDeviceSize)n[i] * I * sizeof(float);
+        VkDescriptorBufferInfo bi[4] = {{e[i]->w.buf, 0, VK_WHOLE_SIZE},
+                                        {vk->x.buf, off[i], xb},
+                                        {vk->a.buf, off[m + i], ab},
+                                        {vk->y.buf, off[i], xb}};
+        VkWriteDescriptorSet wr[4];
+        for (int k = 0; k < 4; k++)
+            wr[k] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
+                                           .dstSet = vk->sets[i],
+                                           .dstBinding = (uint32_t)k,
+                                           .descriptorCount = 1,
+                                           .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                           .pBufferInfo = &bi[k]};
+        vkUpdateDescriptorSets(vk->dev, 4, wr, 0, NULL);
+    }
 
-    VkDescriptorBufferInfo bi[4] = {{e->w.buf, 0, VK_WHOLE_SIZE},
-                                    {vk->x.buf, 0, VK_WHOLE_SIZE},
-                                    {vk->a.buf, 0, VK_WHOLE_SIZE},
-                                    {vk->y.buf, 0, VK_WHOLE_SIZE}};
-    VkWriteDescriptorSet wr[4];
-    for (int i = 0; i < 4; i++)
-        wr[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET,
-                                       .dstSet = vk->set,
-                                       .dstBinding = (uint32_t)i,
-                                       .descriptorCount = 1,
-                                       .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                       .pBufferInfo = &bi[i]};
-    vkUpdateDescriptorSets(vk->dev, 4, wr, 0, NULL);
-
-    VK_TRY(vkResetCommandBuffer(vk->cmd, 0), "vkResetCommandBuffer");
+    VkResult r = vkResetCommandBuffer(vk->cmd, 0);
     VkCommandBufferBeginInfo cbi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
                                     .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-    VK_TRY(vkBeginCommandBuffer(vk->cmd, &cbi), "vkBeginCommandBuffer");
+    if (r == VK_SUCCESS) r = vkBeginCommandBuffer(vk->cmd, &cbi);
+    if (r != VK_SUCCESS) {
+        st = vk_fail(r, "vkBeginCommandBuffer", err, errlen);
+        goto done;
+    }
     vkCmdBindPipeline(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->pipe);
-    vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->layout, 0, 1, &vk->set, 0,
-                            NULL);
-    vk_push pc = {0, (uint32_t)n, (uint32_t)I, (uint32_t)L, b1, b2};
-    vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, &pc);
-    vkCmdDispatch(vk->cmd, (uint32_t)(I + 63) / 64, (uint32_t)n, 1);
-    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
-                          .dstAccessMask = VK_ACCESS_SHADER_READ_BIT};
-    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                         VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
-    pc.stage = 1;
-    vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, &pc);
-    vkCmdDispatch(vk->cmd, (uint32_t)(L + 63) / 64, (uint32_t)n, 1);
-    VkMemoryBarrier hb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
-                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
-                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
-    vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT,
-                         0, 1, &hb, 0, NULL, 0, NULL);
-    VK_TRY(vkEndCommandBuffer(vk->cmd), "vkEndCommandBuffer");
+    /* stage 0 of every expert, one barrier, stage 1 of every expert */
+    for (int stage = 0; stage < 2; stage++) {
+        for (int i = 0; i < m; i++) {
+            if (n[i] == 0) continue;
+            vkCmdBindDescriptorSets(vk->cmd, VK_PIPELINE_BIND_POINT_COMPUTE, vk->layout, 0, 1,
+                                    &vk->sets[i], 0, NULL);
+            vk_push pc = {(uint32_t)stage, (uint32_t)n[i], (uint32_t)I, (uint32_t)L, b1, b2};
+            vkCmdPushConstants(vk->cmd, vk->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, &pc);
+            vkCmdDispatch(vk->cmd, (uint32_t)((stage ? L : I) + 63) / 64, (uint32_t)n[i], 1);
+        }
+        VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                              .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT,
+                              .dstAccessMask =
+                                  stage ? VK_ACCESS_HOST_READ_BIT : VK_ACCESS_SHADER_READ_BIT};
+        vkCmdPipelineBarrier(vk->cmd, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                             stage ? VK_PIPELINE_STAGE_HOST_BIT
+                                   : VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                             0, 1, &mb, 0, NULL, 0, NULL);
+    }
+    r = vkEndCommandBuffer(vk->cmd);
+    if (r == VK_SUCCESS) r = vkResetFences(vk->dev, 1, &vk->fence);
     VkSubmitInfo sub = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO,
                         .commandBufferCount = 1,
                         .pCommandBuffers = &vk->cmd};
-    VK_TRY(vkResetFences(vk->dev, 1, &vk->fence), "vkResetFences");
-    VK_TRY(vkQueueSubmit(vk->queue, 1, &sub, vk->fence), "vkQueueSubmit");
-    VkResult r = vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, VK_WAIT_NS);
-    if (r == VK_TIMEOUT) vk->broken = 1;
-    if (r == VK_TIMEOUT)
-        return k3_errf(K3_ERR_TIMEOUT, err, errlen,
-                       "vulkan: %s did not finish an expert of %d pairs in %llu s", vk->name, n,
-                       VK_WAIT_NS / 1000000000ull);
-    if (r != VK_SUCCESS) return vk_fail(r, "vkWaitForFences", err, errlen);
-    memcpy(y, vk->y.map, xb);
-    return K3_OK;
+    if (r == VK_SUCCESS) r = vkQueueSubmit(vk->queue, 1, &sub, vk->fence);
+    if (r != VK_SUCCESS) {
+        st = vk_fail(r, "vkQueueSubmit", err, errlen);
+        goto done;
+    }
+    r = vkWaitForFences(vk->dev, 1, &vk->fence, VK_TRUE, VK_WAIT_NS);
+    if (r == VK_TIMEOUT) {
+        vk->broken = 1;
+        st = k3_errf(K3_ERR_TIMEOUT, err, errlen,
+                     "vulkan: %s did not finish %d experts (%zu pairs) in %llu s", vk->name, m, row,
+                     VK_WAIT_NS / 1000000000ull);
+        goto done;
+    }
+    if (r != VK_SUCCESS) {
+        st = vk_fail(r, "vkWaitForFences", err, errlen);
+        goto done;
+    }
+    row = 0;
+    for (int i = 0; i < m; i++) {
+        memcpy(y + row * L, (char *)vk->y.map + off[i], sizeof(float) * (size_t)n[i] * L);
+        row += (size_t)n[i];
+    }
+done:
+    free(off);
+    return st;
 }
 
 #endif

@@ -8,8 +8,10 @@
  * glslc), the activation buffers, and every uploaded expert's buffer (a
  * byte budget caps their sum).
  * Borrows: the weight bytes only during k3_vk_expert_upload (copied).
- * Threads: a k3_vk is used by one thread at a time (the caller serialises);
- * different k3_vk handles are independent.
+ * Threads: k3_vk_expert_apply is called by one thread at a time (the caller
+ * serialises); uploads and frees of other experts may run on another thread
+ * beside it (the byte count has its own lock; the Vulkan objects they touch
+ * are their own). Different k3_vk handles are independent.
  *
  * Built without Vulkan (no glslc or no vulkan headers at build time: no
  * K3_HAVE_VK), k3_vk_open fails with K3_ERR_STATE saying so and
@@ -67,5 +69,14 @@ void k3_vk_expert_free(k3_vk *vk, k3_vk_expert **e);
  * buffer size limit. */
 k3_status k3_vk_expert_apply(k3_vk *vk, const k3_vk_expert *e, const float *z, int n, float b1,
                              float b2, float *y, char *err, size_t errlen);
+/* The same for m experts of one shape in one submission (one command
+ * buffer: every expert's first stage, a barrier, every expert's second
+ * stage; one fence wait): expert i over n[i] pairs, the pairs of all
+ * experts concatenated in z [sum n][L] and y [sum n][L] in expert order.
+ * n[i] may be 0. Each expert's results are those of a call of its own.
+ * K3_ERR_ARG when the shapes differ; limits as above, per expert. */
+k3_status k3_vk_experts_apply(k3_vk *vk, const k3_vk_expert *const *e, const int *n, int m,
+                              const float *z, float b1, float b2, float *y, char *err,
+                              size_t errlen);
 
 #endif

@@ -261,6 +261,38 @@ def body(tmp, prompts, D, L, V, eos):
               "(min margin %.4f): %s" % (tag, len(rg or []), margin, " ".join(cg or [])))
         exact[k] = (cg, P("c%d.logits" % k))
 
+    # The Vulkan expert tier (docs/VULKAN.md): --exact --vk against the
+    # reference, with a tier budget holding every expert of tiny, six, and one
+    # (promotions and evictions on the way); the logits are the CPU --exact
+    # run's bytes, so the argmax and the greedy ids are the reference's.
+    probe = coord(["--exact", "--ids", "5", "--ngen", "1", "--vk"])
+    if "tier is off" in probe.stderr or "unavailable" in probe.stderr:
+        print("skip - --vk --exact against the reference: skipped: %s" % next(
+            (l for l in probe.stderr.splitlines() if "tier is off" in l or "unavailable" in l),
+            "no Vulkan device"))
+        sys.stdout.flush()
+    else:
+        for budget, gb in (("all", "0.001"), ("six", "0.00001"), ("one", "0.000002")):
+            agree = []
+            for k, p in enumerate(prompts):
+                if k not in exact:
+                    continue
+                T = len(p)
+                r = coord(["--exact", "--vk", "--vk-gb", gb, "--ids", ids_arg(p), "--ngen",
+                           str(N_GEN), "--print-ids", "--all-logits", P("v%d.logits" % k)])
+                rl = np.fromfile(P("r%d.logits" % k), dtype="<f4").reshape(T, V)
+                vl = np.fromfile(P("v%d.logits" % k), dtype="<f4") if r.returncode == 0 \
+                    else np.zeros(0, dtype="<f4")
+                agree.append(r.returncode == 0 and vl.size == T * V and
+                             np.array_equal(np.argmax(vl.reshape(T, V), axis=1),
+                                            np.argmax(rl, axis=1)) and
+                             parse_line(r.stdout, "ids") == exact[k][0] and
+                             same_bytes(P("v%d.logits" % k), exact[k][1]))
+            check(len(agree) == len(prompts) and all(agree),
+                  "--exact --vk (tier budget %s): teacher-forced argmax and greedy ids equal "
+                  "the reference's, logits the CPU --exact run's bytes, %d of %d prompts"
+                  % (budget, sum(agree), len(prompts)))
+
     # K3_LAYERS truncation: the trace of the first 3 layers, no head
     p = prompts[1]
     rc = coord(["--exact", "--ids", ids_arg(p), "--ngen", "0", "--trace", P("c_l3.trace")],
