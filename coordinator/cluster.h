@@ -123,6 +123,9 @@ typedef struct k3_cluster_opts {
     int worker_threads; /* --threads of each local worker, 0 = the model's threads */
     int max_sessions;   /* --max-sessions of local workers, 0 = worker default */
     int max_ctx;        /* --max-ctx of local workers, 0 = worker default */
+    int stripe_remote;  /* with a placement: local worker i reads and serves the drives
+                           d % local == i for every MoE layer and calls the others for
+                           the rest (worker/xstripe.h); 0 = each reads every drive */
     /* Liveness and scheduling */
     int hb_ms;              /* heartbeat interval (TTL = 3 x hb_ms), K3_LINK_HB_MS_MIN..MAX */
     int step_timeout_ms;    /* a worker silent this long with work pending is stalled */

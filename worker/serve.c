@@ -29,6 +29,7 @@
 #include "common/engine/stage.h"
 #include "worker/sessions.h"
 #include "worker/worker.h"
+#include "worker/xstripe.h"
 
 typedef struct wk_req {
     proto_msg msg;   /* decoded envelope */
@@ -406,9 +407,18 @@ static void wk_drain(wk *w) {
 static void wk_layer_hook(void *ctx, int layer, int pos0, int T, const float *h) {
     (void)layer, (void)pos0, (void)T, (void)h;
     wk *w = ctx;
+    if (w->o->xs) wk_xstripe_set_epoch(w->o->xs, w->epoch); /* stamped on expert calls */
     if (*w->stop) w->cancel = 1;
     wk_heartbeat(w);
     wk_drain(w);
+}
+
+/* While a MoE layer waits on its stripe peers (worker/xstripe.h): our
+ * HEARTBEAT keeps the coordinator from taking the wait for a stall. */
+static void wk_xstripe_tick(void *ctx) {
+    wk *w = ctx;
+    if (*w->stop) w->cancel = 1;
+    wk_heartbeat(w);
 }
 
 static k3_status ensure_buffers(wk *w, int T, char *err, size_t errlen) {
@@ -623,6 +633,7 @@ k3_status wk_serve(k3_model *m, const wk_opts *o, volatile sig_atomic_t *stop, c
         wk_cleanup(&w);
         return st;
     }
+    if (o->xs) wk_xstripe_set_tick(o->xs, wk_xstripe_tick, &w, &w.cancel);
     K3_INFO("%s: serving layers [%d, %d) on %s%s (max %d sessions x %d tokens)", o->name, w.layer_a,
             w.layer_b, o->listen, o->curve ? " with CURVE" : "", o->max_sessions, o->max_ctx);
     while (!*stop && !w.shutdown) {

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "common/layers/layers.h"
+#include "common/layers/moe_remote.h"
 
 /* ---- router ---- */
 
@@ -133,11 +134,15 @@ size_t k3_moe_scratch_bytes(const k3_config *c, int T) {
            + 2 * k3_arena_round(sizeof(float) * t * Lt)                           /* zg, y */
            + k3_arena_round(t * Lt) + k3_arena_round(sizeof(float) * t * Lt / 32) /* zqg zsg */
            + expert_scratch_bytes(c, T) + k3_arena_round(sizeof(int32_t) * E)     /* run order */
-           + k3_arena_round(E)                          /* cached snapshot */
-           + k3_arena_round(sizeof(int) * t)            /* gathered selection index */
-           + k3_arena_round(sizeof(float) * t * K * Lt) /* expert outputs per selection */
-           + 2 * k3_arena_round(sizeof(float) * t * S)  /* shared g, u */
-           + k3_arena_round(sizeof(float) * t * D);     /* shared out */
+           + k3_arena_round(E)                           /* cached snapshot */
+           + k3_arena_round(sizeof(int) * t)             /* gathered selection index */
+           + k3_arena_round(sizeof(float) * t * K * Lt)  /* expert outputs per selection */
+           + 2 * k3_arena_round(sizeof(float) * t * S)   /* shared g, u */
+           + k3_arena_round(sizeof(float) * t * D)       /* shared out */
+           + k3_arena_round(sizeof(int32_t) * E)         /* remote experts */
+           + k3_arena_round(sizeof(int) * (E + 1))       /* their row offsets */
+           + 2 * k3_arena_round(sizeof(int) * t * K)     /* their rows, selection index */
+           + k3_arena_round(sizeof(float) * t * K * Lt); /* their outputs */
 }
 
 k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, const float *x,
@@ -163,6 +168,20 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     }
     int32_t *order = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);
     int n_union = k3_experts_disk_order(lc->experts, layer, in_union, order);
+
+    /* experts on another worker's drive (common/layers/moe_remote.h) leave
+     * the local batch: they are called below, once z is known, in id order */
+    const k3_moe_remote *rm = lc->remote;
+    int32_t *rem = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E); /* [n_rem] ascending ids */
+    int n_rem = 0;
+    if (rm) {
+        for (int e = 0; e < E; e++)
+            if (in_union[e] && rm->is_remote(rm->ctx, layer, e)) rem[n_rem++] = e;
+        int kept = 0;
+        for (int i = 0; i < n_union; i++)
+            if (!rm->is_remote(rm->ctx, layer, order[i])) order[kept++] = order[i];
+        n_union = kept;
+    }
 
     /* Compute order: the experts already cached first, then the rest, each
      * part in disk order. While the cached ones compute, their slots free
@@ -198,6 +217,29 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     int8_t *zq = k3_arena_alloc(ar, (size_t)T * LT); /* [T][latent] int8 (idot) */
     float *zs = K3_ARENA_F(ar, (size_t)T * G);       /* [T][latent/32] */
     if (lc->idot) k3_act_quant_q8(z, T, LT, zq, zs);
+
+    /* the remote experts' calls go out now and compute on their workers
+     * while the shared and the local experts compute here: per expert the
+     * rows that chose it, ascending (the rows the local loop would give) */
+    int *roff = k3_arena_alloc(ar, sizeof(int) * (size_t)(E + 1));
+    int *rrow = k3_arena_alloc(ar, sizeof(int) * (size_t)T * K); /* [R] row of pair */
+    int *rk = k3_arena_alloc(ar, sizeof(int) * (size_t)T * K);   /* [R] selection index */
+    float *ry = K3_ARENA_F(ar, (size_t)T * K * LT);              /* [R][latent] outputs */
+    if (n_rem > 0) {
+        int R = 0;
+        for (int i = 0; i < n_rem; i++) {
+            roff[i] = R;
+            for (int t = 0; t < T; t++)
+                for (int k = 0; k < n_sel[t]; k++)
+                    if (sel[(size_t)t * K + k] == rem[i]) rrow[R] = t, rk[R] = k, R++;
+        }
+        roff[n_rem] = R;
+        st = rm->start(rm->ctx, layer, z, T, LT, rem, n_rem, roff, rrow, err, errlen);
+        if (st != K3_OK) {
+            k3_experts_batch_close(&batch);
+            return st;
+        }
+    }
 
     /* shared experts on the same x, computed now (under the reads) and
      * added unweighted at the very end, so the sum is the same as when
@@ -255,6 +297,17 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
                    sizeof(float) * (size_t)LT);
     }
     k3_experts_batch_close(&batch);
+    if (n_rem > 0) {
+        if (st != K3_OK) {
+            rm->abort(rm->ctx);
+            return st;
+        }
+        st = rm->finish(rm->ctx, ry, err, errlen);
+        if (st != K3_OK) return st;
+        for (int j = 0; j < roff[n_rem]; j++)
+            memcpy(ysel + ((size_t)rrow[j] * K + (size_t)rk[j]) * LT, ry + (size_t)j * LT,
+                   sizeof(float) * (size_t)LT);
+    }
     if (st != K3_OK) return st;
 
     /* U[t] += w_e y_e over t's experts in expert id order, whatever order
