@@ -49,7 +49,7 @@ static const char *const type_names[PROTO_MSG_COUNT] = {
 };
 
 const char *proto_type_name(proto_type t) {
-    if ((int)t < 0 || t >= PROTO_MSG_COUNT) return "?";
+    if ((int)t < 0 || t >= PROTO_MSG_COUNT || !type_names[t]) return "?"; /* reserved codes */
     return type_names[t];
 }
 
@@ -246,7 +246,10 @@ static const msg_schema schemas[PROTO_MSG_COUNT] = {
 _Static_assert(sizeof(f_hello_ok) / sizeof(f_hello_ok[0]) + N_COMMON <= K3_PROTO_MAX_KEYS,
                "largest message must fit K3_PROTO_MAX_KEYS");
 
-static bool type_known(proto_type t) { return t > PROTO_MSG_NONE && t < PROTO_MSG_COUNT; }
+/* Reserved codes below PROTO_MSG_COUNT (another branch's types) have no name. */
+static bool type_known(proto_type t) {
+    return t > PROTO_MSG_NONE && t < PROTO_MSG_COUNT && type_names[t];
+}
 
 /* Requests and replies carry a nonzero id; ERROR may carry 0 (unreadable id);
  * HEARTBEAT carries 0 (PROTOCOL.md 3). */
@@ -804,7 +807,7 @@ static k3_status decode_header(const msgpack_object_kv *kv, const env_keys *ek, 
     uint64_t t;
     st = want_uint(&kv[ek->t].val, "envelope", "t", UINT64_MAX, &t, err, errlen);
     if (st) return st;
-    if (t == 0 || t >= PROTO_MSG_COUNT)
+    if (t == 0 || t >= PROTO_MSG_COUNT || !type_known((proto_type)t))
         return k3_errf(K3_ERR_PROTO, err, errlen,
                        "envelope: unknown message type %" PRIu64 " (known 1..%d)", t,
                        PROTO_MSG_COUNT - 1);
