@@ -143,6 +143,7 @@ struct k3_cluster {
     double overlap_ms, occ_last_ms;
     int n_occupied;
     char tmpdir[64]; /* local workers' ipc directory */
+    int xs_drives;   /* --stripe-remote: drives of the placement dealt to the local workers */
     /* --local: the I/O thread starts the workers (PR_SET_PDEATHSIG follows
      * the spawning thread, and the I/O thread lives as long as they do) */
     int spawn_pending;

@@ -24,6 +24,7 @@
 
 #include "common/base/log.h"
 #include "coordinator/cluster_impl.h"
+#include "common/experts/placement.h"
 
 extern char **environ;
 
@@ -187,7 +188,7 @@ static int local_argc(const k3_cluster *c) {
  * its ipc endpoint <tmpdir>/x<j>. A worker without a drive (N > drives)
  * only calls; it still gets an endpoint nobody reaches. */
 static void local_xstripe_args(const k3_cluster *c, int i, arg_vec *av) {
-    int N = c->n, nd = c->o.model->n_dirs > 0 ? c->o.model->n_dirs : 1;
+    int N = c->n, nd = c->xs_drives;
     char own[4 * K3_MAX_DIRS] = "", peers[K3_MAX_DIRS * (K3_MAX_PATH / 8)] = "";
     size_t no = 0, np = 0;
     for (int d = 0; d < nd; d++) {
@@ -288,6 +289,13 @@ static k3_status local_spawn(k3_cluster *c, int i, char *err, size_t errlen) {
 /* --local N: N workers over ipc:// in a private directory, layers split
  * evenly, numerics and model settings copied from the coordinator's. */
 k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
+    if (c->o.stripe_remote && c->o.model->placement) { /* the drives to deal out */
+        k3_placement *p = NULL;
+        k3_status st = k3_placement_load(&p, c->o.model->placement, err, errlen);
+        if (st) return st;
+        c->xs_drives = k3_placement_drives(p);
+        k3_placement_free(&p);
+    }
     cl_fmt(c->tmpdir, sizeof c->tmpdir, "/tmp/k3c.XXXXXX");
     if (!mkdtemp(c->tmpdir)) {
         c->tmpdir[0] = 0;

@@ -620,7 +620,10 @@ static int parse_cli(int argc, char **argv, coord_opts *o, k3_opt_src *src, char
     /* --exact means all-f32; an explicit conflicting flag is a mistake */
     if (!st) st = k3_engine_opts_resolve(&o->eng, coord_table, N_COORD_OPTS, src, err, sizeof err);
     if (!st && o->ids) st = parse_ids(o->ids, ids, n_ids, err, sizeof err);
-    if (!st && (o->stripe || o->stripe_remote)) st = k3_place_stripe_dirs(&o->eng, err, sizeof err);
+    /* --stripe-remote deals the drives of --placement, or of the one
+     * --dirs gets here */
+    if (!st && (o->stripe || (o->stripe_remote && !o->eng.placement)))
+        st = k3_place_stripe_dirs(&o->eng, err, sizeof err);
     if (st) {
         fprintf(stderr, "k3-coordinator: %s\n", err);
         return 2;

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# tests/integration/test_xstripe.sh: cross-worker expert striping (worker/xstripe.h,
+# docs/CLUSTER.md "Expert striping", docs/PROTOCOL.md "Expert calls") on tiny:
+#  - --local 1..4 --stripe-remote over 4 drives, chunk 32 and 1: logits and
+#    ids bit-identical to --local 0, and the workers did call each other;
+#  - test_cluster's identity checks (ipc, 1, 2, 3 and 8 stages, chunk 1 and
+#    32, 3 concurrent sessions) with the local workers serving each other's
+#    drives (K3_TEST_STRIPE_REMOTE);
+#  - two tcp workers serving each other's drives (chunk 32 and 1);
+#  - kill -9 of a worker that serves only stripes mid-decode: the stage that
+#    called it fails the step within 2 x TTL naming the peer, and once it is
+#    back the replay gives the uninterrupted tokens;
+#  - refusals at start naming the drive: a stripe claimed twice (by the
+#    worker and a peer, by two peers), a drive with no worker; a call for a
+#    drive the peer does not serve is answered ERROR naming it.
+# Ports 27200-27299 (tests/README: one range per test family).
+set -u
+. "$(dirname "$0")/../lib.sh"
+need_bins "$C" "$W"
+make_tmp xstripe-test
+export K3_LOG=warn
+
+IDS=$(/usr/bin/python3 -c 'import random; r=random.Random(11); print(",".join(str(r.randrange(1280)) for _ in range(29)))')
+run() { # name args...: logits in $T/name.f32, ids line in $T/name.ids
+    local name=$1
+    shift
+    "$C" --model "$TINY" --ids "$IDS" --ngen 5 --print-ids --threads 1 --usage off \
+        --all-logits "$T/$name.f32" "$@" >"$T/$name.out" 2>"$T/$name.err"
+    local rc=$?
+    grep '^ids:' "$T/$name.out" >"$T/$name.ids"
+    return $rc
+}
+same() { # a b
+    cmp -s "$T/$1.f32" "$T/$2.f32" && cmp -s "$T/$1.ids" "$T/$2.ids" && [ -s "$T/$1.ids" ]
+}
+calls() { # file: workers that sent at least one expert call
+    grep -c 'expert calls: [1-9][0-9]* sent' "$1"
+}
+
+D="$T/d0,$T/d1,$T/d2,$T/d3"
+"$C" place --model "$TINY" --drives "$D" --copy --usage off --out "$T/p4.json" 2>"$T/place.err" ||
+    bad "place over 4 drives: $(tail -1 "$T/place.err")"
+
+# ---- bit identity, local workers -------------------------------------------
+run ref --local 0 --chunk 32 || bad "--local 0: $(tail -1 "$T/ref.err")"
+for chunk in 32 1; do
+    for L in 1 2 3 4; do
+        if K3_LOG=info run x$L.$chunk --local $L --chunk $chunk --stripe-remote \
+            --placement "$T/p4.json" && same x$L.$chunk ref; then
+            n=$(calls "$T/x$L.$chunk.err")
+            if [ "$L" = 1 ] || [ "$n" -ge 2 ]; then
+                ok "--local $L --stripe-remote --chunk $chunk: identical to --local 0 ($n workers called a peer)"
+            else
+                bad "--local $L --stripe-remote --chunk $chunk: identical, but $n workers called a peer"
+            fi
+        else
+            bad "--local $L --stripe-remote --chunk $chunk differs or failed: $(tail -1 "$T/x$L.$chunk.err")"
+        fi
+    done
+done
+if run xd --local 2 --chunk 32 --stripe-remote --dirs "$T/e0,$T/e1,$T/e2" && same xd ref; then
+    ok "--local 2 --stripe-remote --dirs (3 drives dealt to 2 workers): identical to --local 0"
+else
+    bad "--local 2 --stripe-remote --dirs: $(tail -2 "$T/xd.err")"
+fi
+
+# ---- 3 concurrent sessions (test_cluster's identity with cross-worker striping)
+if [ -x "$BUILD/tests/test_cluster" ]; then
+    K3_TEST_STRIPE_REMOTE=1 K3_PLACEMENT="$T/p4.json" K3_TEST_CLUSTER_ONLY=identity K3_LOG=info \
+        "$BUILD/tests/test_cluster" >"$T/tc.out" 2>"$T/tc.err"
+    n_ok=$(grep -c '^ok - ipc.*3 concurrent sessions: logits bit-identical' "$T/tc.out")
+    n_calls=$(calls "$T/tc.err")
+    if ! grep -q '^not ok' "$T/tc.out" && [ "$n_ok" -ge 8 ] && [ "$n_calls" -ge 8 ]; then
+        ok "test_cluster identity with local workers serving each other's drives: $n_ok ipc checks (1, 2, 3, 8 stages, chunk 1 and 32, 3 concurrent sessions), $n_calls workers called a peer"
+    else
+        bad "test_cluster cross-worker: $n_ok identical, $n_calls calling, $(grep '^not ok' "$T/tc.out" | head -2)"
+    fi
+else
+    bad "$BUILD/tests/test_cluster not built"
+fi
+
+# ---- tcp workers serving each other's drives --------------------------------
+P=27210
+EA="tcp://127.0.0.1:$P" EB="tcp://127.0.0.1:$((P + 1))"
+XA="tcp://127.0.0.1:$((P + 2))" XB="tcp://127.0.0.1:$((P + 3))"
+"$W" --model "$TINY" --layers 0-4 --listen "$EA" --threads 1 --no-bench --usage off \
+    --placement "$T/p4.json" --name ta --stripe-drives 0,1 --expert-listen "$XA" \
+    --stripe-peers "2=$XB,3=$XB" --log-level info 2>"$T/ta.log" &
+PIDS+=($!)
+TA=$!
+"$W" --model "$TINY" --layers 4-8 --listen "$EB" --threads 1 --no-bench --usage off \
+    --placement "$T/p4.json" --name tb --stripe-drives 2,3 --expert-listen "$XB" \
+    --stripe-peers "0=$XA,1=$XA" --log-level info 2>"$T/tb.log" &
+PIDS+=($!)
+TB=$!
+for chunk in 32 1; do
+    if run tcp$chunk --workers "$EA,$EB" --chunk $chunk && same tcp$chunk ref; then
+        ok "2 tcp workers serving each other's drives, chunk $chunk: identical to --local 0"
+    else
+        bad "tcp cross-worker chunk $chunk: $(tail -2 "$T/tcp$chunk.err")"
+    fi
+done
+kill -TERM $TA $TB 2>/dev/null
+wait $TA $TB 2>/dev/null
+n=$(cat "$T/ta.log" "$T/tb.log" | calls /dev/stdin)
+[ "$n" = 2 ] && ok "both tcp workers called the other: $(grep -h -o 'expert calls: [0-9]* sent[^)]*)' "$T/ta.log" | head -1)" ||
+    bad "tcp workers' expert calls: $(grep -h 'expert calls' "$T/ta.log" "$T/tb.log")"
+
+# ---- kill -9 of a worker that serves only stripes ---------------------------
+# Stage ta2 runs every layer and reads drives 0 and 1; s2 serves drives 2
+# and 3 and is no stage (the coordinator never talks to it). ta2 is slowed
+# (K3_WORKER_FAULT slow=) so the decode is in progress when s2 dies.
+HB=250
+TTL=$((3 * HB))
+XS="tcp://127.0.0.1:$((P + 5))"
+start_s2() {
+    "$W" --model "$TINY" --layers 0-8 --listen "tcp://127.0.0.1:$((P + 6))" --threads 1 \
+        --no-bench --usage off --placement "$T/p4.json" --name s2 --stripe-drives 2,3 \
+        --expert-listen "$XS" --stripe-peers "0=$XA,1=$XA" --hb-ms $HB 2>>"$T/s2.log" &
+    S2=$!
+    PIDS+=($S2)
+}
+start_s2
+K3_WORKER_FAULT=slow=60 "$W" --model "$TINY" --layers 0-8 --listen "$EA" --threads 1 \
+    --no-bench --usage off --placement "$T/p4.json" --name ta2 --stripe-drives 0,1 \
+    --expert-listen "$XA" --stripe-peers "2=$XS,3=$XS" --hb-ms $HB 2>"$T/ta2.log" &
+PIDS+=($!)
+TA2=$!
+"$C" --model "$TINY" --ids "$IDS" --ngen 40 --print-ids --threads 1 --usage off --hb-ms $HB \
+    --workers "$EA" --chunk 32 >"$T/refk.out" 2>"$T/refk.err" ||
+    bad "uninterrupted run over ta2 + s2: $(tail -1 "$T/refk.err")"
+grep '^ids:' "$T/refk.out" >"$T/refk.ids"
+K3_LOG=info "$C" --model "$TINY" --ids "$IDS" --ngen 40 --print-ids --threads 1 --usage off \
+    --hb-ms $HB --workers "$EA" --chunk 32 >"$T/kill.out" 2>"$T/kill.err" &
+CP=$!
+sleep 1.2
+t_kill=$(date +%s%3N)
+kill -9 $S2
+wait $S2 2>/dev/null
+sleep 1 # down for more than TTL: the call in flight and the next ones time out
+start_s2
+wait $CP
+rc=$?
+grep '^ids:' "$T/kill.out" >"$T/kill.ids"
+# the first failed step: the coordinator's WARN line carries its time of day
+line=$(grep -m1 'stripe peer of drive [23] .* did not answer' "$T/kill.err")
+t_err=$(echo "$line" | /usr/bin/python3 -c '
+import sys, time, datetime
+l = sys.stdin.read().split()
+if not l: print(-1); sys.exit()
+h, m, s = l[0].split(":")
+d = datetime.datetime.now().replace(hour=int(h), minute=int(m), second=0, microsecond=0)
+print(int(d.timestamp() * 1000 + float(s) * 1000))')
+dt=$((t_err - t_kill))
+if [ -n "$line" ] && [ "$t_err" -gt 0 ] && [ "$dt" -le $((2 * TTL)) ] && [ "$dt" -ge 0 ]; then
+    ok "kill -9 of the stripe-only worker mid-decode: the step failed after $dt ms (<= 2 x TTL = $((2 * TTL))), naming it: $(echo "$line" | grep -o 'stripe peer of drive [0-9] ([^)]*)' | head -1)"
+else
+    bad "kill -9 of the stripe-only worker: dt=$dt ms, line: ${line:-none} $(tail -2 "$T/kill.err")"
+fi
+if [ $rc = 0 ] && cmp -s "$T/kill.ids" "$T/refk.ids" && [ -s "$T/refk.ids" ] &&
+    grep -q 'resuming: waiting for the cluster, then replaying' "$T/kill.err"; then
+    ok "after it returned the replay gave the uninterrupted 40 tokens"
+else
+    bad "replay after the stripe worker returned: rc=$rc $(cat "$T/kill.ids") vs $(cat "$T/refk.ids"); $(tail -2 "$T/kill.err")"
+fi
+kill -TERM $TA2 $S2 2>/dev/null
+wait $TA2 $S2 2>/dev/null
+
+# ---- refusals ----------------------------------------------------------------
+wk() { # name args...: a worker that must refuse at start
+    local name=$1
+    shift
+    timeout 20 "$W" --model "$TINY" --layers 0-4 --listen "ipc://$T/r.$name" --threads 1 \
+        --no-bench --usage off --placement "$T/p4.json" "$@" 2>"$T/$name.err"
+}
+wk twice --stripe-drives 0,1 --expert-listen "ipc://$T/rx" --stripe-peers "1=ipc://$T/o,2=ipc://$T/o,3=ipc://$T/o"
+[ $? != 0 ] && grep -q 'stripe of drive 1 claimed twice: by this worker (--stripe-drives) and by peer ipc://' "$T/twice.err" &&
+    ok "a stripe claimed by the worker and a peer is refused at start: $(head -1 "$T/twice.err" | cut -c1-120)" ||
+    bad "claimed by the worker and a peer: $(cat "$T/twice.err")"
+wk twice2 --stripe-drives 0,1 --expert-listen "ipc://$T/rx" --stripe-peers "2=ipc://$T/a,3=ipc://$T/b,2=ipc://$T/c"
+[ $? != 0 ] && grep -q 'stripe of drive 2 claimed twice: by peer ipc://.*/a and by peer ipc://.*/c' "$T/twice2.err" &&
+    ok "a stripe claimed by two peers is refused at start naming both" ||
+    bad "claimed by two peers: $(cat "$T/twice2.err")"
+wk none --stripe-drives 0,1 --expert-listen "ipc://$T/rx" --stripe-peers "3=ipc://$T/a"
+[ $? != 0 ] && grep -q 'drive 2 has no worker' "$T/none.err" &&
+    ok "a drive with no worker is refused at start naming it" ||
+    bad "drive without a worker: $(cat "$T/none.err")"
+# a peer that does not serve the drive it is asked for answers ERROR naming it
+"$W" --model "$TINY" --layers 4-8 --listen "ipc://$T/wrongw" --threads 1 --no-bench --usage off \
+    --placement "$T/p4.json" --name wrong --stripe-drives 3 --expert-listen "ipc://$T/wrongx" \
+    --stripe-peers "0=ipc://$T/rax,1=ipc://$T/rax,2=ipc://$T/rax" 2>"$T/wrong.log" &
+PIDS+=($!)
+"$W" --model "$TINY" --layers 0-4 --listen "ipc://$T/raw" --threads 1 --no-bench --usage off \
+    --placement "$T/p4.json" --name ra --stripe-drives 0,1 --expert-listen "ipc://$T/rax" \
+    --stripe-peers "2=ipc://$T/wrongx,3=ipc://$T/wrongx" 2>"$T/ra.log" &
+PIDS+=($!)
+run wrong --workers "ipc://$T/raw,ipc://$T/wrongw" --chunk 32 --resumes 0
+grep -q 'does not serve the stripe of drive 2' "$T/wrong.err" &&
+    ok "a call for a drive the peer does not serve is refused naming it: $(grep -o '[a-z0-9]* does not serve the stripe of drive 2' "$T/wrong.err" | head -1)" ||
+    bad "wrong peer: $(tail -2 "$T/wrong.err")"
+exit $fail
