@@ -231,6 +231,11 @@ typedef struct k3_stage_info {
     uint64_t stale_dropped;      /* replies dropped: old epoch, unknown id, cancelled */
     uint64_t tx_bytes, rx_bytes; /* tensor bytes sent in FORWARDs / received in FORWARD_DONEs */
     uint64_t failures;           /* times the link was declared lost */
+    /* expert striping (docs/CLUSTER.md "Expert striping") */
+    int n_drives;                      /* placement drives the worker reads, 0 = not reported */
+    uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes each drive gave it (calls it served included) */
+    double gather_ms;                  /* its MoE layers' waits on stripe peers */
+    uint64_t gather_layers;            /* MoE layer steps that called a peer */
 } k3_stage_info;
 
 int k3_cluster_stages(const k3_cluster *c);

@@ -153,6 +153,11 @@ static const field_desc f_forward_done[] = {
     {"bytes_read", FK_U64, FD_STATS, OFF(forward_done.bytes_read), 0, 0, ANY, NULL},
     {"hits", FK_U64, FD_STATS, OFF(forward_done.expert_hits), 0, 0, ANY, NULL},
     {"misses", FK_U64, FD_STATS, OFF(forward_done.expert_misses), 0, 0, ANY, NULL},
+    /* 1.2: optional in the group (PROTOCOL.md "Expert calls", stats) */
+    {"drive_bytes", FK_LIST, FD_STATS | FD_OPT, OFF(forward_done.drive_bytes),
+     OFF(forward_done.n_drives), 0, K3_MAX_DIRS, "K3_MAX_DIRS"},
+    {"gather_ms", FK_F64, FD_STATS | FD_OPT, OFF(forward_done.gather_ms), 0, 0, 0, NULL},
+    {"xlayers", FK_U64, FD_STATS | FD_OPT, OFF(forward_done.gather_layers), 0, 0, ANY, NULL},
 };
 static const field_desc f_session[] = {
     F_U64("sess", session.session, 1, ANY, NULL),
@@ -890,7 +895,9 @@ static k3_status decode_missing(const msg_schema *s, uint64_t seen, bool seen_id
     const char *stats_have = NULL, *stats_miss = NULL;
     for (int j = 0; j < s->n; j++) {
         bool have = (seen >> j) & 1;
-        if (s->f[j].flags & FD_STATS) {
+        if ((s->f[j].flags & FD_STATS) && (s->f[j].flags & FD_OPT)) {
+            continue; /* a 1.2 addition to the group: a 1.1 sender omits it */
+        } else if (s->f[j].flags & FD_STATS) {
             n_stats++;
             n_stats_seen += have;
             if (have)

@@ -113,6 +113,12 @@ typedef struct proto_forward_done {         /* W -> C; frames snapshots [k][T][D
     uint64_t bytes_read;                    /* expert bytes read from disk */
     uint64_t expert_hits;                   /* "hits" */
     uint64_t expert_misses;                 /* "misses" */
+    /* 1.2, optional members of the stats group (absent = 0): expert striping */
+    uint32_t n_drives;                 /* entries of drive_bytes, 0..K3_MAX_DIRS */
+    uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes each placement drive gave this worker
+                                          during the step (calls it served included) */
+    double gather_ms;                  /* waiting on stripe peers' expert calls */
+    uint64_t gather_layers;            /* "xlayers": MoE layer steps that called a peer */
 } proto_forward_done;
 
 typedef struct proto_session_op { /* SESSION_RESET, SESSION_TRUNCATE, SESSION_DROP */

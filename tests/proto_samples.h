@@ -260,6 +260,11 @@ static int make_samples(proto_msg *s) {
     m->u.forward_done.bytes_read = 123456789;
     m->u.forward_done.expert_hits = 40;
     m->u.forward_done.expert_misses = 7;
+    m->u.forward_done.n_drives = 3; /* 1.2 striping keys */
+    m->u.forward_done.drive_bytes[0] = 1 << 20;
+    m->u.forward_done.drive_bytes[2] = 3 << 20;
+    m->u.forward_done.gather_ms = 0.75;
+    m->u.forward_done.gather_layers = 2;
     m->u.forward_done.n_evicted = 2;
     m->u.forward_done.evicted[0] = 9;
     m->u.forward_done.evicted[1] = UINT64_MAX;

@@ -31,7 +31,8 @@ static char err[8192];
 
 /* ---- the key table from docs/PROTOCOL.md ---- */
 
-enum { K_U64, K_U32, K_BOOL, K_F64, K_STR, K_PAIR, K_LIST, K_BITS };
+/* K_LIST0: a list whose elements may be 0 (FORWARD_DONE's drive_bytes) */
+enum { K_U64, K_U32, K_BOOL, K_F64, K_STR, K_PAIR, K_LIST, K_BITS, K_LIST0 };
 typedef struct key_spec {
     proto_type type; /* PROTO_MSG_NONE: every type */
     const char *key;
@@ -84,6 +85,9 @@ static const key_spec keys[] = {
     {PROTO_MSG_FORWARD_DONE, "bytes_read", K_U64, 0},
     {PROTO_MSG_FORWARD_DONE, "hits", K_U64, 0},
     {PROTO_MSG_FORWARD_DONE, "misses", K_U64, 0},
+    {PROTO_MSG_FORWARD_DONE, "drive_bytes", K_LIST0, 0}, /* 1.2, optional in the group */
+    {PROTO_MSG_FORWARD_DONE, "gather_ms", K_F64, 0},
+    {PROTO_MSG_FORWARD_DONE, "xlayers", K_U64, 0},
     {PROTO_MSG_SESSION_RESET, "sess", K_U64, 0},
     {PROTO_MSG_SESSION_TRUNCATE, "sess", K_U64, 0},
     {PROTO_MSG_SESSION_TRUNCATE, "n", K_U32, 0},
@@ -288,7 +292,7 @@ static int mutants(int kind, size_t str_max, mp *out) {
     }
     out[n].n = 0;
     mp_f32(&out[n++], 1.0f);
-    if (kind != K_PAIR && kind != K_LIST) {
+    if (kind != K_PAIR && kind != K_LIST && kind != K_LIST0) {
         out[n].n = 0;
         mp_arr(&out[n++], 0);
     }
@@ -383,14 +387,17 @@ static int mutants(int kind, size_t str_max, mp *out) {
         mp_u(&out[n++], 7);
         break;
     case K_LIST:
+    case K_LIST0:
         out[n].n = 0;
         mp_u(&out[n++], 1);
         out[n].n = 0;
         mp_arr(&out[n], 1);
         mp_neg(&out[n++], -1);
-        out[n].n = 0;
-        mp_arr(&out[n], 1);
-        mp_u(&out[n++], 0);
+        if (kind == K_LIST) { /* a 0 entry (evicted session 0) */
+            out[n].n = 0;
+            mp_arr(&out[n], 1);
+            mp_u(&out[n++], 0);
+        }
         out[n].n = 0;
         mp_arr(&out[n], 1);
         mp_f64(&out[n++], 1.0);
@@ -441,7 +448,9 @@ static void test_fields(proto_msg *s, int n) {
             proto_msg d;
             rebuild(&p, f, -1, NULL, NULL, 0, &rebuilt);
             k3_status st = proto_decode(rebuilt.b, rebuilt.n, &d, err, sizeof err);
-            int optional = s[i].type == PROTO_MSG_STATS_OK && ks >= spec_of(s[i].type, "name");
+            int optional = (s[i].type == PROTO_MSG_STATS_OK && ks >= spec_of(s[i].type, "name")) ||
+                           (s[i].type == PROTO_MSG_FORWARD_DONE && /* 1.2 striping keys */
+                            ks >= spec_of(s[i].type, "drive_bytes"));
             if (optional ? st != K3_OK : (st == K3_OK || !strstr(err, p.key[f]))) {
                 printf("# %s without '%s': %s '%s'\n", tn, p.key[f], k3_status_name(st), err);
                 missing_bad++;

@@ -493,6 +493,8 @@ static void do_forward(wk *w, wk_req *r) {
     int nb = (int)f->n_blocks;
     k3_step_stats ss;
     memset(&ss, 0, sizeof ss);
+    wk_drive_snap snap0, snap1; /* per-drive bytes and expert-call waits of this step */
+    wk_drive_snapshot(w->m, w->o->xs, &snap0);
     st = k3_stage_forward(w->m, state, (int)f->pos0, (int)f->n_tokens, w->blocks, &nb, w->h, &ss,
                           wk_layer_hook, w, err, sizeof err);
     k3_stage_set_cancel(state, NULL);
@@ -535,6 +537,8 @@ static void do_forward(wk *w, wk_req *r) {
         o->bytes_read = ss.bytes_read;
         o->expert_hits = ss.expert_hits;
         o->expert_misses = ss.expert_misses;
+        wk_drive_snapshot(w->m, w->o->xs, &snap1);
+        wk_drive_delta(&snap0, &snap1, o);
     }
     const void *frames[2] = {w->blocks + (size_t)f->n_blocks * TD, w->h};
     size_t sizes[2] = {sizeof(float) * o->n_snapshots * TD, sizeof(float) * TD};

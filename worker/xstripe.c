@@ -655,3 +655,28 @@ void wk_xstripe_get_stats(wk_xstripe *x, wk_xstripe_stats *out) {
     *out = x->st;
     pthread_mutex_unlock(&x->mu);
 }
+
+/* ---- per-step figures (FORWARD_DONE) ---- */
+
+void wk_drive_snapshot(k3_model *m, wk_xstripe *x, wk_drive_snap *out) {
+    memset(out, 0, sizeof *out);
+    k3_experts *es = k3_model_experts(m);
+    if (!es) return;
+    out->n_drives = k3_experts_drives(es);
+    for (int d = 0; d < out->n_drives && d < K3_MAX_DIRS; d++)
+        out->bytes[d] = k3_experts_drive_bytes(es, d);
+    if (x) {
+        pthread_mutex_lock(&x->mu);
+        out->gather_ms = x->st.gather_wait_ms;
+        out->gather_layers = x->st.layers_called;
+        pthread_mutex_unlock(&x->mu);
+    }
+}
+
+void wk_drive_delta(const wk_drive_snap *a, const wk_drive_snap *b, struct proto_forward_done *o) {
+    o->n_drives = (uint32_t)b->n_drives;
+    for (int d = 0; d < b->n_drives && d < K3_MAX_DIRS; d++)
+        o->drive_bytes[d] = b->bytes[d] - a->bytes[d];
+    o->gather_ms = b->gather_ms - a->gather_ms > 0 ? b->gather_ms - a->gather_ms : 0;
+    o->gather_layers = b->gather_layers - a->gather_layers;
+}

@@ -88,4 +88,18 @@ typedef struct wk_xstripe_stats {
 } wk_xstripe_stats;
 void wk_xstripe_get_stats(wk_xstripe *x, wk_xstripe_stats *out);
 
+/* What one FORWARD_DONE reports of striping (its 1.2 stats keys): the
+ * bytes each placement drive gave this worker (k3_experts_drive_bytes:
+ * calls it served for other stages meanwhile included) and the waits on
+ * stripe peers, as the difference of two snapshots around the step. */
+typedef struct wk_drive_snap {
+    int n_drives; /* the store's drives (1 without a placement) */
+    uint64_t bytes[K3_MAX_DIRS];
+    double gather_ms;
+    uint64_t gather_layers;
+} wk_drive_snap;
+void wk_drive_snapshot(k3_model *m, wk_xstripe *x, wk_drive_snap *out);
+struct proto_forward_done;
+void wk_drive_delta(const wk_drive_snap *a, const wk_drive_snap *b, struct proto_forward_done *o);
+
 #endif
