@@ -100,6 +100,32 @@ for chunk in 32 1; do
         bad "tcp cross-worker chunk $chunk: $(tail -2 "$T/tcp$chunk.err")"
     fi
 done
+# the striping figures: --stats and serve's /metrics over the same workers
+"$C" --model "$TINY" --ids "$IDS" --ngen 5 --threads 1 --usage off --workers "$EA,$EB" \
+    --chunk 32 --stats >"$T/st.out" 2>"$T/st.err"
+if [ "$(grep -c '    drives: d0 .* d3 .*GB/s); gather wait [0-9.]* ms per layer over [1-9][0-9]* MoE layer steps' "$T/st.err")" = 2 ] &&
+    [ "$(grep -c '    experts: hit rate [0-9.]* %' "$T/st.err")" = 2 ]; then
+    ok "--stats: per stage the hit rate, per-drive MB and GB/s, gather wait per layer: $(grep -m1 '    drives:' "$T/st.err" | cut -c1-150)"
+else
+    bad "--stats striping lines: $(grep -A3 '^cluster:' "$T/st.err")"
+fi
+SP=$((P + 4))
+if serve_start "$T/srv.out" "$T/srv.err" --model "$TINY" --workers "$EA,$EB" --port $SP --ctx 512; then
+    curl -s -o "$T/c.json" -H "Content-Type: application/json" \
+        -d '{"prompt":"hello there","temperature":0,"max_tokens":4}' "http://127.0.0.1:$SP/v1/completions"
+    curl -s -o "$T/metrics" "http://127.0.0.1:$SP/metrics"
+    nd=$(grep -c '^k3_drive_bytes_read_total{stage="[01]",drive="[0-3]"} ' "$T/metrics")
+    ng=$(grep -c '^k3_gather_layers_total{stage="[01]"} [1-9]' "$T/metrics")
+    nh=$(grep -c '^k3_expert_hit_ratio{stage="[01]"} ' "$T/metrics")
+    nw=$(grep -c '^k3_gather_wait_seconds_total{stage="[01]"} ' "$T/metrics")
+    [ "$nd" = 8 ] && [ "$ng" = 2 ] && [ "$nh" = 2 ] && [ "$nw" = 2 ] &&
+        ok "/metrics: per-drive bytes (8 series), gather layers and wait, hit ratio per stage" ||
+        bad "/metrics striping: $nd drive series, $ng gather, $nh hit, $nw wait: $(grep -c . "$T/metrics") lines"
+    kill -TERM "$SRV" 2>/dev/null
+    wait "$SRV" 2>/dev/null
+else
+    bad "serve over the tcp workers did not start: $(tail -2 "$T/srv.err")"
+fi
 kill -TERM $TA $TB 2>/dev/null
 wait $TA $TB 2>/dev/null
 n=$(cat "$T/ta.log" "$T/tb.log" | calls /dev/stdin)
