@@ -55,6 +55,8 @@ typedef struct wopts {
     char *expert_listen; /* cross-worker striping (worker/xstripe.h): our expert endpoint */
     char *stripe_drives; /* placement drives this worker reads and serves */
     char *stripe_peers;  /* D=ENDPOINT of every other drive's worker */
+    char *stripe_allow;  /* CURVE: public keys of the workers that call our expert endpoint */
+    char *stripe_keys;   /* CURVE: "ENDPOINT KEY" lines, the peers' public keys */
     int help;
 } wopts;
 
@@ -161,6 +163,20 @@ static const k3_opt table[] = {
      .offset = O(stripe_peers),
      .metavar = "D=EP,...",
      .help = "cross-worker striping: the --expert-listen endpoint of each other drive's worker"},
+    {.name = "stripe-allow",
+     .flag = "--stripe-allow",
+     .type = K3_OPT_STRING,
+     .offset = O(stripe_allow),
+     .metavar = "FILE",
+     .help = "cross-worker striping with CURVE: public keys of the workers admitted to "
+             "--expert-listen (one per line)"},
+    {.name = "stripe-keys",
+     .flag = "--stripe-keys",
+     .type = K3_OPT_STRING,
+     .offset = O(stripe_keys),
+     .metavar = "FILE",
+     .help = "cross-worker striping with CURVE: the peers' public keys, lines \"ENDPOINT KEY\" "
+             "(or \"* KEY\")"},
     {.name = "name",
      .flag = "--name",
      .type = K3_OPT_STRING,
@@ -271,11 +287,15 @@ static int check_opts(const wopts *o, int *a, int *b, wk_opts *w) {
                         "(with --stripe-peers for the other drives)\n");
         return 2;
     }
-    /* expert calls are plain ZeroMQ: ipc, loopback tcp, or --insecure
-     * (CURVE for them is not implemented: docs/CLUSTER.md "Expert striping") */
-    if (o->expert_listen && k3_link_endpoint_policy(o->expert_listen, 0, o->insecure,
+    /* expert calls use the worker's own transport security: CURVE with its
+     * key pair when it has one (--stripe-allow, --stripe-keys) */
+    if (o->expert_listen && k3_link_endpoint_policy(o->expert_listen, w->curve, o->insecure,
                                                     "k3-worker --expert-listen", err, sizeof err)) {
-        fprintf(stderr, "k3-worker: %s (expert calls have no CURVE yet)\n", err);
+        fprintf(stderr, "k3-worker: %s\n", err);
+        return 2;
+    }
+    if ((o->stripe_allow || o->stripe_keys) && !w->curve) {
+        fprintf(stderr, "k3-worker: --stripe-allow and --stripe-keys go with --curve-secret\n");
         return 2;
     }
     return 0;
@@ -291,8 +311,9 @@ static int xstripe_opts(const wopts *o, wk_xstripe_opts *x) {
     if (!st && o->stripe_peers) st = wk_xstripe_parse_peers(o->stripe_peers, x, err, sizeof err);
     if (!st) {
         for (int d = 0; d < K3_MAX_DIRS && !st; d++)
-            if (x->peer[d] && k3_link_endpoint_policy(x->peer[d], 0, o->insecure,
-                                                      "k3-worker --stripe-peers", err, sizeof err))
+            if (x->peer[d] &&
+                k3_link_endpoint_policy(x->peer[d], o->curve_secret != NULL, o->insecure,
+                                        "k3-worker --stripe-peers", err, sizeof err))
                 st = K3_ERR_ARG;
     }
     if (st) {
@@ -305,6 +326,7 @@ static int xstripe_opts(const wopts *o, wk_xstripe_opts *x) {
     x->sock.linger_ms = 0;
     x->sock.handshake_ms = K3_LINK_HANDSHAKE_MS_DEFAULT;
     x->threads = o->eng.threads;
+    x->keys_path = o->stripe_keys;
     return 0;
 }
 
@@ -473,13 +495,23 @@ static int run(const wopts *o) {
         pin_numa(o, a);
         rc = open_layers(o, a, b, &mo, usage_path, sizeof usage_path, &w, &m);
     }
+    k3_allow_list xallow = {0}; /* --stripe-allow */
     if (!rc && o->stripe_drives) {
         char err[1024];
         snprintf(xo.name, sizeof xo.name, "%s", o->name ? o->name : "k3-worker");
+        xo.curve = w.curve;
+        xo.kp = &w.kp;
+        if (w.curve && o->stripe_allow) {
+            if (k3_allow_list_load(o->stripe_allow, &xallow, err, sizeof err)) {
+                fprintf(stderr, "k3-worker: --stripe-allow: %s\n", err);
+                rc = 1;
+            }
+            xo.allow = &xallow;
+        }
         const k3_placement *pl = k3_model_placement(m);
         k3_status st = wk_xstripe_check(&xo, pl ? k3_placement_drives(pl) : 0, o->eng.placement,
                                         err, sizeof err);
-        if (!st) st = wk_xstripe_open(&xs, m, &xo, err, sizeof err);
+        if (!st && !rc) st = wk_xstripe_open(&xs, m, &xo, err, sizeof err);
         if (st) {
             fprintf(stderr, "k3-worker: %s\n", err);
             rc = 1;
@@ -494,6 +526,7 @@ static int run(const wopts *o) {
     wk_xstripe_opts_free(&xo);
     k3_model_close(&m);
     k3_allow_list_free(&allow);
+    k3_allow_list_free(&xallow);
     memset(&w.kp, 0, sizeof w.kp); /* the secret key leaves no copy behind */
     return rc;
 }

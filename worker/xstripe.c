@@ -90,6 +90,24 @@ k3_status wk_xstripe_check(const wk_xstripe_opts *o, int n_drives, const char *p
     if (o->own && !o->listen)
         return k3_errf(K3_ERR_ARG, err, errlen,
                        "--stripe-drives serves drives to the other stages: give --expert-listen");
+    if (o->curve && o->listen && !o->allow)
+        return k3_errf(K3_ERR_ARG, err, errlen,
+                       "with CURVE the expert endpoint needs --stripe-allow FILE (the public keys "
+                       "of the workers that call it)");
+    for (int d = 0; d < K3_MAX_DIRS && o->curve; d++) {
+        if (!o->peer[d]) continue;
+        char key[K3_Z85_KEY_LEN + 1] = "";
+        if (!o->keys_path)
+            return k3_errf(K3_ERR_ARG, err, errlen,
+                           "with CURVE the stripe peers need --stripe-keys FILE (their public "
+                           "keys: \"ENDPOINT KEY\" lines)");
+        k3_status st = k3_link_worker_key(o->keys_path, o->peer[d], key, err, errlen);
+        if (st) return st;
+        if (!key[0])
+            return k3_errf(K3_ERR_ARG, err, errlen,
+                           "--stripe-keys %s: no key for the peer of drive %d (%s)", o->keys_path,
+                           d, o->peer[d]);
+    }
     return K3_OK;
 }
 
@@ -126,7 +144,8 @@ struct wk_xstripe {
     pthread_t th;
     int th_started;
     atomic_int stop;
-    void *srv; /* ROUTER, owned by the server thread after open */
+    void *srv;   /* ROUTER, owned by the server thread after open */
+    k3_zap *zap; /* CURVE: the expert endpoint's allow-list (its own context) */
     k3_pool *pool;
     /* counters */
     pthread_mutex_t mu;
@@ -156,6 +175,11 @@ static k3_status xs_connect(wk_xstripe *x, int d, char *err, size_t errlen) {
     if (!p->sock)
         return k3_errf(K3_ERR_IO, err, errlen, "zmq_socket(DEALER): %s", zmq_strerror(zmq_errno()));
     k3_status st = k3_link_sockopts_apply(p->sock, &x->o.sock, err, errlen);
+    if (!st && x->o.curve) { /* checked at start: the file names a key for it */
+        char key[K3_Z85_KEY_LEN + 1] = "";
+        st = k3_link_worker_key(x->o.keys_path, x->o.peer[d], key, err, errlen);
+        if (!st) st = k3_link_curve_client(p->sock, x->o.kp, key, err, errlen);
+    }
     if (!st && zmq_connect(p->sock, x->o.peer[d]) != 0)
         st = k3_errf(K3_ERR_IO, err, errlen, "stripe peer of drive %d: connect %s: %s", d,
                      x->o.peer[d], zmq_strerror(zmq_errno()));
@@ -591,6 +615,8 @@ k3_status wk_xstripe_open(wk_xstripe **out, k3_model *m, const wk_xstripe_opts *
                              zmq_strerror(zmq_errno()));
         }
         if (!st) st = k3_link_sockopts_apply(x->srv, &o->sock, err, errlen);
+        if (!st && o->curve) st = k3_zap_open(&x->zap, x->ctx, o->allow, err, errlen);
+        if (!st && o->curve) st = k3_link_curve_server(x->srv, o->kp, err, errlen);
         if (!st) {
             char ep[K3_MAX_ENDPOINT + 16];
             wk_bind_endpoint(o->listen, ep, sizeof ep);
@@ -614,8 +640,8 @@ k3_status wk_xstripe_open(wk_xstripe **out, k3_model *m, const wk_xstripe_opts *
     for (int d = 0, n = 0; d < K3_MAX_DIRS; d++)
         if (o->own >> d & 1u)
             n += snprintf(own + n, sizeof own - (size_t)n, "%s%d", n ? "," : "", d);
-    K3_INFO("%s: cross-worker striping: serves drive(s) %s%s%s", o->name, own[0] ? own : "none",
-            o->listen ? " on " : "", o->listen ? o->listen : "");
+    K3_INFO("%s: cross-worker striping: serves drive(s) %s%s%s%s", o->name, own[0] ? own : "none",
+            o->listen ? " on " : "", o->listen ? o->listen : "", o->curve ? " with CURVE" : "");
     *out = x;
     return K3_OK;
 }
@@ -642,6 +668,7 @@ void wk_xstripe_close(wk_xstripe **xp, k3_model *m) {
             (unsigned long long)x->st.served_bytes);
     if (x->srv) zmq_close(x->srv);
     for (int d = 0; d < K3_MAX_DIRS; d++) xs_drop_socket(&x->peer[d]);
+    k3_zap_close(&x->zap);
     while (x->ctx && zmq_ctx_term(x->ctx) != 0 && zmq_errno() == EINTR) {
     }
     k3_pool_close(&x->pool);

@@ -36,11 +36,19 @@
 #define WK_XSTRIPE_MARK (1u << 31)
 
 typedef struct wk_xstripe_opts {
-    const char *listen;           /* expert endpoint, NULL when own is empty */
-    uint32_t own;                 /* placement drives this worker reads and serves (bits) */
-    char *peer[K3_MAX_DIRS];      /* endpoint of each other drive's worker, NULL = none */
-    k3_link_sockopts sock;        /* heartbeats: a call unanswered for TTL = 3 x hb_ms fails */
-    int threads;                  /* the server's compute pool */
+    const char *listen;      /* expert endpoint, NULL when own is empty */
+    uint32_t own;            /* placement drives this worker reads and serves (bits) */
+    char *peer[K3_MAX_DIRS]; /* endpoint of each other drive's worker, NULL = none */
+    k3_link_sockopts sock;   /* heartbeats: a call unanswered for TTL = 3 x hb_ms fails */
+    int threads;             /* the server's compute pool */
+    /* CURVE (the worker's --curve-secret): the expert endpoint is a CURVE
+     * server with kp behind allow (peer workers' public keys, --stripe-allow)
+     * and each call a CURVE client of the peer's key in keys_path
+     * (--stripe-keys: "ENDPOINT KEY" lines, or "* KEY") */
+    int curve;
+    const k3_curve_keypair *kp;   /* borrowed */
+    const k3_allow_list *allow;   /* borrowed */
+    const char *keys_path;        /* borrowed */
     char name[K3_PROTO_MAX_NAME]; /* for logs and errors */
 } wk_xstripe_opts;
 
@@ -52,7 +60,8 @@ k3_status wk_xstripe_parse_drives(const char *s, uint32_t *mask, char *err, size
  * drive and both claimants. */
 k3_status wk_xstripe_parse_peers(const char *s, wk_xstripe_opts *o, char *err, size_t errlen);
 /* Every drive of a placement with n_drives has exactly one worker (own or
- * a peer), and none beyond n_drives is named. */
+ * a peer), and none beyond n_drives is named; with CURVE, every peer has a
+ * key in keys_path and a serving worker has an allow list. */
 k3_status wk_xstripe_check(const wk_xstripe_opts *o, int n_drives, const char *placement, char *err,
                            size_t errlen);
 void wk_xstripe_opts_free(wk_xstripe_opts *o);

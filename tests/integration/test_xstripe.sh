@@ -192,6 +192,73 @@ fi
 kill -TERM $TA2 $S2 2>/dev/null
 wait $TA2 $S2 2>/dev/null
 
+# ---- CURVE: workers in two network namespaces serve each other's drives -----
+curve() {
+    local NA=xstripeA$$ NB=xstripeB$$ VA=xsva$$ VB=xsvb$$
+    if [ "$(id -u)" != 0 ] || ! ip netns add "$NA" 2>/dev/null; then
+        skip "cross-worker striping over CURVE across namespaces" "needs root and ip netns"
+        return
+    fi
+    ip netns add "$NB" && ip link add "$VA" type veth peer name "$VB" &&
+        ip link set "$VA" netns "$NA" && ip link set "$VB" netns "$NB" &&
+        ip -n "$NA" addr add 10.81.0.1/24 dev "$VA" && ip -n "$NB" addr add 10.81.0.2/24 dev "$VB" &&
+        ip -n "$NA" link set "$VA" up && ip -n "$NB" link set "$VB" up &&
+        ip -n "$NA" link set lo up && ip -n "$NB" link set lo up
+    if [ $? -ne 0 ]; then
+        skip "cross-worker striping over CURVE across namespaces" "cannot join namespaces with a veth pair"
+    else
+        for k in coord wa wb; do "$C" keygen "$T/$k" >/dev/null 2>&1; done
+        cp "$T/coord.pub" "$T/allow"
+        pub() { sed -n 's/^public = //p' "$T/$1.pub"; }
+        echo "tcp://10.81.0.1:27230 $(pub wa)" >"$T/wkeys"
+        echo "tcp://10.81.0.2:27230 $(pub wb)" >>"$T/wkeys"
+        echo "tcp://10.81.0.2:27231 $(pub wb)" >"$T/ka"      # A calls B
+        echo "tcp://10.81.0.1:27231 $(pub wa)" >"$T/kb"      # B calls A
+        pub wb >"$T/aa" # B may call A
+        pub wa >"$T/ab"
+        local cw cc tiny
+        cw=$(readlink -f "$W") cc=$(readlink -f "$C") tiny=$(readlink -f "$TINY")
+        ip netns exec "$NA" "$cw" --model "$tiny" --layers 0-4 --listen tcp://10.81.0.1:27230 \
+            --curve-secret "$T/wa.key" --allow "$T/allow" --placement "$T/p4.json" --usage off \
+            --threads 1 --no-bench --name cwa --stripe-drives 0,1 \
+            --expert-listen tcp://10.81.0.1:27231 --stripe-peers "2=tcp://10.81.0.2:27231,3=tcp://10.81.0.2:27231" \
+            --stripe-allow "$T/aa" --stripe-keys "$T/ka" --log-level info 2>"$T/cwa.log" &
+        PIDS+=($!)
+        local pa=$!
+        ip netns exec "$NB" "$cw" --model "$tiny" --layers 4-8 --listen tcp://10.81.0.2:27230 \
+            --curve-secret "$T/wb.key" --allow "$T/allow" --placement "$T/p4.json" --usage off \
+            --threads 1 --no-bench --name cwb --stripe-drives 2,3 \
+            --expert-listen tcp://10.81.0.2:27231 --stripe-peers "0=tcp://10.81.0.1:27231,1=tcp://10.81.0.1:27231" \
+            --stripe-allow "$T/ab" --stripe-keys "$T/kb" --log-level info 2>"$T/cwb.log" &
+        PIDS+=($!)
+        local pb=$!
+        timeout 60 ip netns exec "$NA" "$cc" --model "$tiny" --ids "$IDS" --ngen 5 \
+            --print-ids --threads 1 --usage off --all-logits "$T/curve.f32" --chunk 32 \
+            --workers tcp://10.81.0.1:27230,tcp://10.81.0.2:27230 --curve-secret "$T/coord.key" \
+            --worker-keys "$T/wkeys" >"$T/curve.out" 2>"$T/curve.err"
+        grep '^ids:' "$T/curve.out" >"$T/curve.ids"
+        kill -TERM $pa $pb 2>/dev/null
+        wait $pa $pb 2>/dev/null
+        local n
+        n=$(cat "$T/cwa.log" "$T/cwb.log" | calls /dev/stdin)
+        if same curve ref && [ "$n" = 2 ] && grep -q 'serves drive(s) 0,1 on tcp://10.81.0.1:27231 with CURVE' "$T/cwa.log"; then
+            ok "2 workers in two namespaces serving each other's drives over CURVE: identical to --local 0, both called the other"
+        else
+            bad "cross-worker over CURVE: $n calling; $(tail -2 "$T/curve.err") $(grep -h 'expert call' "$T/cwa.log" "$T/cwb.log" | head -3)"
+        fi
+    fi
+    ip netns del "$NA" 2>/dev/null
+    ip netns del "$NB" 2>/dev/null
+    ip link del "$VA" 2>/dev/null
+}
+curve
+"$W" --model "$TINY" --layers 0-4 --listen "ipc://$T/rc" --threads 1 --no-bench --usage off \
+    --placement "$T/p4.json" --stripe-drives 0,1 --expert-listen "tcp://10.0.0.9:27240" \
+    --stripe-peers "2=ipc://$T/o,3=ipc://$T/o" 2>"$T/plain.err"
+[ $? = 2 ] && grep -q 'expert-listen' "$T/plain.err" &&
+    ok "a network --expert-listen without CURVE or --insecure is refused at start: $(head -1 "$T/plain.err" | cut -c1-110)" ||
+    bad "plain network expert endpoint: $(cat "$T/plain.err")"
+
 # ---- refusals ----------------------------------------------------------------
 wk() { # name args...: a worker that must refuse at start
     local name=$1
