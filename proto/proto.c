@@ -130,6 +130,8 @@ static const field_desc f_hello_ok[] = {
     F_U32("max_sess", hello_ok.max_sessions, 1, K3_MAX_SESSIONS, "K3_MAX_SESSIONS"),
     F_U32("max_ctx", hello_ok.max_ctx, 1, K3_MAX_CTX, "K3_MAX_CTX"),
     F_F64("read_gbps", hello_ok.read_gbps),
+    {"stripe", FK_U32, FD_OPT, OFF(hello_ok.stripe), 0, 0, (1ull << K3_MAX_DIRS) - 1,
+     "K3_MAX_DIRS drives"}, /* 1.2 */
 };
 static const field_desc f_forward[] = {
     F_U64("sess", forward.session, 1, ANY, NULL),

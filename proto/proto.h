@@ -88,6 +88,9 @@ typedef struct proto_hello_ok {    /* W -> C */
     double read_gbps;              /* measured drive read GB/s, 0 = not measured */
     char build[K3_PROTO_MAX_NAME]; /* worker build identity */
     char name[K3_PROTO_MAX_NAME];  /* worker name, non-empty */
+    uint32_t stripe;               /* 1.2, optional (absent = 0): placement drives whose
+                                      experts it serves to other stages (bit d), PROTOCOL.md
+                                      "Expert calls" */
 } proto_hello_ok;
 
 typedef struct proto_forward { /* C -> W; frames blocks [nb][T][D], hidden [T][D] */

@@ -67,6 +67,7 @@ static const key_spec keys[] = {
     {PROTO_MSG_HELLO_OK, "max_sess", K_U32, 0},
     {PROTO_MSG_HELLO_OK, "max_ctx", K_U32, 0},
     {PROTO_MSG_HELLO_OK, "read_gbps", K_F64, 0},
+    {PROTO_MSG_HELLO_OK, "stripe", K_U32, 0}, /* 1.2, optional */
     {PROTO_MSG_FORWARD, "sess", K_U64, 0},
     {PROTO_MSG_FORWARD, "step", K_U64, 0},
     {PROTO_MSG_FORWARD, "pos0", K_U32, 0},
@@ -449,6 +450,7 @@ static void test_fields(proto_msg *s, int n) {
             rebuild(&p, f, -1, NULL, NULL, 0, &rebuilt);
             k3_status st = proto_decode(rebuilt.b, rebuilt.n, &d, err, sizeof err);
             int optional = (s[i].type == PROTO_MSG_STATS_OK && ks >= spec_of(s[i].type, "name")) ||
+                           (s[i].type == PROTO_MSG_HELLO_OK && !strcmp(p.key[f], "stripe")) ||
                            (s[i].type == PROTO_MSG_FORWARD_DONE && /* 1.2 striping keys */
                             ks >= spec_of(s[i].type, "drive_bytes"));
             if (optional ? st != K3_OK : (st == K3_OK || !strstr(err, p.key[f]))) {

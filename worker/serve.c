@@ -244,6 +244,7 @@ static void on_hello(wk *w, wk_req *r) {
     o->max_sessions = (uint32_t)w->o->max_sessions;
     o->max_ctx = (uint32_t)w->o->max_ctx;
     o->read_gbps = w->o->read_gbps;
+    o->stripe = w->o->xs ? w->o->xs_own : 0; /* the coordinator refuses a drive claimed twice */
     snprintf(o->build, sizeof o->build, "%s", w->o->build);
     snprintf(o->name, sizeof o->name, "%s", w->o->name);
     wk_send(w, &r->fr.from, &ok, NULL, NULL, 0);

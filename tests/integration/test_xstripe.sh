@@ -278,6 +278,20 @@ wk none --stripe-drives 0,1 --expert-listen "ipc://$T/rx" --stripe-peers "3=ipc:
 [ $? != 0 ] && grep -q 'drive 2 has no worker' "$T/none.err" &&
     ok "a drive with no worker is refused at start naming it" ||
     bad "drive without a worker: $(cat "$T/none.err")"
+# two workers of one coordinator both serving drives 0 and 1: the second to
+# register is refused, naming the drive and both workers (HELLO_OK "stripe")
+for r in "c1 0-4" "c2 4-8"; do
+    set -- $r
+    "$W" --model "$TINY" --layers "$2" --listen "ipc://$T/$1w" --threads 1 --no-bench --usage off \
+        --placement "$T/p4.json" --name "$1" --stripe-drives 0,1 --expert-listen "ipc://$T/$1x" \
+        --stripe-peers "2=ipc://$T/o,3=ipc://$T/o" 2>"$T/$1.log" &
+    PIDS+=($!)
+done
+timeout 60 "$C" --model "$TINY" --ids 1,2,3 --ngen 2 --threads 1 --usage off \
+    --workers "ipc://$T/c1w,ipc://$T/c2w" --ready-timeout-ms 8000 >"$T/claim.out" 2>"$T/claim.err"
+grep -q 'stripe of drive 0 claimed twice: by worker c[12] (ipc://.*) and by worker c[12] (ipc://' "$T/claim.err" &&
+    ok "two workers claiming the same drives are refused at start: $(grep -o 'stripe of drive 0 claimed twice: by worker c[12]' "$T/claim.err" | head -1) ..." ||
+    bad "drive claimed by two workers: $(tail -2 "$T/claim.err")"
 # a peer that does not serve the drive it is asked for answers ERROR naming it
 "$W" --model "$TINY" --layers 4-8 --listen "ipc://$T/wrongw" --threads 1 --no-bench --usage off \
     --placement "$T/p4.json" --name wrong --stripe-drives 3 --expert-listen "ipc://$T/wrongx" \
