@@ -413,6 +413,11 @@ static k3_status xs_check_call(xs_srv *s, const proto_msg *m, const proto_frames
     if ((int)c->latent != cfg->latent)
         return k3_errf(K3_ERR_MISMATCH, err, errlen, "field 'LT': %u, the model's latent is %d",
                        c->latent, cfg->latent);
+    if ((uint64_t)c->n_pairs > (uint64_t)c->n_rows * (uint64_t)cfg->topk)
+        return k3_errf(
+            K3_ERR_LIMIT, err, errlen,
+            "field 'R': %u pairs > P x topk = %u x %d (a row picks at most topk experts)",
+            c->n_pairs, c->n_rows, cfg->topk);
     const int32_t *ids = proto_frames_data(fr, 1, NULL);
     const int32_t *cnt = proto_frames_data(fr, 2, NULL);
     const int32_t *rows = proto_frames_data(fr, 3, NULL);

@@ -13,6 +13,12 @@
  * makes chunked prefill bit-identical to token-at-a-time, and the result
  * independent of the cache. Cost: [T][topk][latent] floats of scratch.
  *
+ * Cross-worker striping (lc->remote, common/layers/moe_remote.h): the
+ * experts on another worker's drive leave the batch; once z is known they
+ * go out as calls (rows per expert, ascending), the shared and local
+ * experts compute meanwhile, and the answers land in the same
+ * (position, selection) rows, so the id-order sum below is unchanged.
+ *
  * Overlap: the batch is opened right after the router, so the first
  * window of expert reads runs under the latent down projection and the
  * shared experts. Nothing earlier can be read: the next MoE layer's

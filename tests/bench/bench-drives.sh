@@ -43,8 +43,9 @@
 # layer split, but worker i reads only drive i (its own cgroup throttles its
 # own device, as on separate hosts) and serves drive i's experts of every
 # MoE layer to the other stages (EXPERT_CALL over ipc); its expert budget
-# spans every MoE layer, max(1, SLOTS / N) slots per layer, so the N
-# workers together hold about SLOTS per layer like the other modes.
+# spans every MoE layer, XSLOTS (default max(1, SLOTS / N)) slots per
+# layer, so the N workers together hold about SLOTS per layer like the
+# other modes.
 # Default (STRIPE=all): each N run unstriped, striped and cross-worker
 # striped, so the three are measured side by side; STRIPE=both = 0 and 1.
 # Everything made here (loop devices, mounts, cgroups, /dev/shm files,
@@ -390,7 +391,7 @@ run_xworkers() {
     local N=$1 devs=$2 i j a b nmoe gb size shards eps="" pids="" peers cg majmin loop rate
     local per_layer nmoe_all slots_x
     nmoe_all=$(echo "$plan" | awk '{s += $4} END {print s}')
-    slots_x=$((SLOTS / N)); [ "$slots_x" -ge 1 ] || slots_x=1
+    slots_x=${XSLOTS:-$((SLOTS / N))}; [ "$slots_x" -ge 1 ] || slots_x=1
     # GiB per slot-layer from worker 0's CACHE_PER=layer figure
     per_layer=$(echo "$plan" | head -1 | awk -v s="$SLOTS" -v w="$CACHE_PER" -v n="$nmoe_all" \
         '{printf "%.6f", $5 / (w == "worker" ? n : $4) / s}')
