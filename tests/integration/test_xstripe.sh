@@ -259,6 +259,25 @@ curve
     ok "a network --expert-listen without CURVE or --insecure is refused at start: $(head -1 "$T/plain.err" | cut -c1-110)" ||
     bad "plain network expert endpoint: $(cat "$T/plain.err")"
 
+# ---- kill -9 of a local worker that is a stage and serves drives ------------
+"$C" --model "$TINY" --ids "$IDS" --ngen 300 --print-ids --threads 1 --usage off --local 2 \
+    --stripe-remote --placement "$T/p4.json" --hb-ms $HB >"$T/lr.out" 2>"$T/lr.err"
+K3_LOG=info "$C" --model "$TINY" --ids "$IDS" --ngen 300 --print-ids --threads 1 --usage off \
+    --local 2 --stripe-remote --placement "$T/p4.json" --hb-ms $HB >"$T/lk.out" 2>"$T/lk.err" &
+CP=$!
+for _ in $(seq 300); do grep -q 'stage 1: worker' "$T/lk.err" && break; sleep 0.1; done
+sleep 0.3
+W1=$(ps -o pid=,args= --ppid $CP | grep -- '--name local1' | awk '{print $1}')
+[ -n "$W1" ] && kill -9 "$W1"
+wait $CP
+rc=$?
+if [ -n "$W1" ] && [ $rc = 0 ] && cmp -s "$T/lr.out" "$T/lk.out" && grep -q '^ids:' "$T/lr.out" &&
+    grep -q 'local worker 1 .* killed by signal 9' "$T/lk.err"; then
+    ok "kill -9 of a local worker (a stage serving drives 1, 3) mid-decode: restarted, the replay gives the uninterrupted 300 tokens"
+else
+    bad "kill -9 of a local cross-striped worker: pid '$W1' rc=$rc $(grep -E 'error|warn' "$T/lk.err" | tail -2)"
+fi
+
 # ---- refusals ----------------------------------------------------------------
 wk() { # name args...: a worker that must refuse at start
     local name=$1
