@@ -93,6 +93,15 @@ TA=$!
     --stripe-peers "0=$XA,1=$XA" --log-level info 2>"$T/tb.log" &
 PIDS+=($!)
 TB=$!
+# ta opens only its own drives' files (0 and 1), for every layer
+for _ in $(seq 100); do grep -q 'serves drive' "$T/ta.log" && break; sleep 0.1; done
+fds=$(ls -l /proc/$TA/fd 2>/dev/null | grep -o "$T/d[0-9]/k3-stripe/[^ ]*" | sort -u)
+if [ -n "$fds" ] && ! echo "$fds" | grep -q "/d[23]/" && echo "$fds" | grep -q "/d0/" &&
+    echo "$fds" | grep -q "/d1/"; then
+    ok "a worker opens only its own drives' files: $(echo "$fds" | wc -l) files, all on d0 and d1"
+else
+    bad "files the drive-0/1 worker opened: $(echo "$fds" | tr '\n' ' ')"
+fi
 for chunk in 32 1; do
     if run tcp$chunk --workers "$EA,$EB" --chunk $chunk && same tcp$chunk ref; then
         ok "2 tcp workers serving each other's drives, chunk $chunk: identical to --local 0"
