@@ -302,6 +302,15 @@ static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
         st =
             k3_errf(K3_ERR_MISMATCH, err, sizeof err, "layers [%u, %u) outside the model's [0, %d)",
                     h->layers[0], h->layers[1], c->cfg.n_layers);
+    for (int j = 0; j < c->n && !st && h->stripe; j++) { /* cross-worker striping */
+        cl_stage *o = &c->st[j];
+        uint32_t both = o != s && o->state == LINK_READY ? h->stripe & o->info.stripe : 0;
+        if (both)
+            st = k3_errf(K3_ERR_MISMATCH, err, sizeof err,
+                         "stripe of drive %d claimed twice: by worker %s (%s) and by worker %s "
+                         "(%s)",
+                         __builtin_ctz(both), o->name, o->endpoint, h->name, s->endpoint);
+    }
     if (!st && c->ordered && ((int)h->layers[0] != s->a || (int)h->layers[1] != s->b))
         st = k3_errf(K3_ERR_MISMATCH, err, sizeof err,
                      "came back serving layers [%u, %u), it served [%d, %d)", h->layers[0],
@@ -425,6 +434,7 @@ static void on_forward_done(k3_cluster *c, cl_stage *s, cl_req *r, const proto_m
         s->bytes_read += d->bytes_read;
         s->hits += d->expert_hits;
         s->misses += d->expert_misses;
+        cl_stage_add_drives(s, d);
         /* transport cost of one hop; a step that queued behind others on
          * the worker would count its wait, so only idle sends are measured */
         double hop = rtt - d->compute_ms - d->read_ms;

@@ -123,6 +123,9 @@ typedef struct k3_cluster_opts {
     int worker_threads; /* --threads of each local worker, 0 = the model's threads */
     int max_sessions;   /* --max-sessions of local workers, 0 = worker default */
     int max_ctx;        /* --max-ctx of local workers, 0 = worker default */
+    int stripe_remote;  /* with a placement: local worker i reads and serves the drives
+                           d % local == i for every MoE layer and calls the others for
+                           the rest (worker/xstripe.h); 0 = each reads every drive */
     /* Liveness and scheduling */
     int hb_ms;              /* heartbeat interval (TTL = 3 x hb_ms), K3_LINK_HB_MS_MIN..MAX */
     int step_timeout_ms;    /* a worker silent this long with work pending is stalled */
@@ -228,6 +231,11 @@ typedef struct k3_stage_info {
     uint64_t stale_dropped;      /* replies dropped: old epoch, unknown id, cancelled */
     uint64_t tx_bytes, rx_bytes; /* tensor bytes sent in FORWARDs / received in FORWARD_DONEs */
     uint64_t failures;           /* times the link was declared lost */
+    /* expert striping (docs/CLUSTER.md "Expert striping") */
+    int n_drives;                      /* placement drives the worker reads, 0 = not reported */
+    uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes each drive gave it (calls it served included) */
+    double gather_ms;                  /* its MoE layers' waits on stripe peers */
+    uint64_t gather_layers;            /* MoE layer steps that called a peer */
 } k3_stage_info;
 
 int k3_cluster_stages(const k3_cluster *c);

@@ -56,7 +56,12 @@ typedef struct cl_stage {
     int displaced;              /* another coordinator took the worker: never retried */
     /* statistics */
     uint64_t forwards, tokens, bytes_read, hits, misses, dropped, failures, bad_replies;
-    uint64_t tx_bytes, rx_bytes; /* tensor frame bytes of FORWARD / FORWARD_DONE */
+    /* expert striping (FORWARD_DONE's 1.2 stats keys) */
+    int n_drives;                      /* drives the worker reported, 0 = none */
+    uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes per placement drive, summed */
+    double gather_ms;                  /* waits on stripe peers' expert calls */
+    uint64_t gather_layers;            /* MoE layer steps that called a peer */
+    uint64_t tx_bytes, rx_bytes;       /* tensor frame bytes of FORWARD / FORWARD_DONE */
     double busy_ms, read_ms, occupied_ms, occ_since_ms;
     double hop_ms;  /* sum of (round trip - worker time) over idle sends */
     uint64_t hop_n; /* steps in hop_ms */
@@ -143,6 +148,7 @@ struct k3_cluster {
     double overlap_ms, occ_last_ms;
     int n_occupied;
     char tmpdir[64]; /* local workers' ipc directory */
+    int xs_drives;   /* --stripe-remote: drives of the placement dealt to the local workers */
     /* --local: the I/O thread starts the workers (PR_SET_PDEATHSIG follows
      * the spawning thread, and the I/O thread lives as long as they do) */
     int spawn_pending;
@@ -156,6 +162,9 @@ void cl_fmt(char *dst, size_t cap, const char *fmt, ...) __attribute__((format(p
 const char *cl_stage_label(const cl_stage *s, char *buf, size_t n);
 /* Wakes the I/O thread (c->mu held or not). */
 void cl_wake(k3_cluster *c);
+/* Adds a FORWARD_DONE's striping figures (1.2 stats keys) to the stage's
+ * totals (cluster_stats.c); under the cluster mutex. */
+void cl_stage_add_drives(cl_stage *s, const proto_forward_done *d);
 
 /* cluster_wait.c: one line per stage not registered yet, naming its
  * endpoint and layers, how long it has been silent and how long is left

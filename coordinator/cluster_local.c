@@ -24,6 +24,7 @@
 
 #include "common/base/log.h"
 #include "coordinator/cluster_impl.h"
+#include "common/experts/placement.h"
 
 extern char **environ;
 
@@ -179,7 +180,30 @@ static int local_argc(const k3_cluster *c) {
     n += mo->n_dirs > 0 ? 2 : 0;
     n += mo->placement ? 2 : 0;
     n += mo->vk ? 5 : 0;
+    n += mo->placement && c->o.stripe_remote ? 6 : 0;
     return n + c->o.n_worker_args;
+}
+
+/* Cross-worker striping (worker/xstripe.h): worker i reads and serves the
+ * drives d with d % N == i and calls the worker of every other drive at
+ * its ipc endpoint <tmpdir>/x<j>. A worker without a drive (N > drives)
+ * only calls; it still gets an endpoint nobody reaches. */
+static void local_xstripe_args(const k3_cluster *c, int i, arg_vec *av) {
+    int N = c->n, nd = c->xs_drives;
+    char own[4 * K3_MAX_DIRS] = "", peers[K3_MAX_DIRS * (K3_MAX_PATH / 8)] = "";
+    size_t no = 0, np = 0;
+    for (int d = 0; d < nd; d++) {
+        if (d % N == i)
+            no += (size_t)snprintf(own + no, sizeof own - no, "%s%d", no ? "," : "", d);
+        else
+            np += (size_t)snprintf(peers + np, sizeof peers - np, "%s%d=ipc://%s/x%d",
+                                   np ? "," : "", d, c->tmpdir, d % N);
+    }
+    av_add(av, "--stripe-drives"), av_add(av, no ? own : "none");
+    av_add(av, "--stripe-peers"), av_add(av, np ? peers : "");
+    char ep[K3_MAX_PATH + 16];
+    cl_fmt(ep, sizeof ep, "ipc://%s/x%d", c->tmpdir, i);
+    av_add(av, "--expert-listen"), av_add(av, ep);
 }
 
 /* The argument vector of local worker i serving [a, b). */
@@ -216,6 +240,7 @@ static void local_argv(const k3_cluster *c, int i, int a, int b, const char *bin
         av_add(av, "--vk-device"), av_addf(av, "%d", mo->vk_device);
         av_add(av, "--vk-gb"), av_addf(av, "%.17g", mo->vk_gb / N);
     }
+    if (mo->placement && c->o.stripe_remote) local_xstripe_args(c, i, av);
     for (int k = 0; k < c->o.n_worker_args; k++) av_add(av, c->o.worker_args[k]);
     K3_ASSERT(av->n == av->cap - 1);
     av->v[av->n] = NULL;
@@ -270,6 +295,13 @@ static k3_status local_spawn(k3_cluster *c, int i, char *err, size_t errlen) {
 /* --local N: N workers over ipc:// in a private directory, layers split
  * evenly, numerics and model settings copied from the coordinator's. */
 k3_status cl_local_start(k3_cluster *c, char *err, size_t errlen) {
+    if (c->o.stripe_remote && c->o.model->placement) { /* the drives to deal out */
+        k3_placement *p = NULL;
+        k3_status st = k3_placement_load(&p, c->o.model->placement, err, errlen);
+        if (st) return st;
+        c->xs_drives = k3_placement_drives(p);
+        k3_placement_free(&p);
+    }
     cl_fmt(c->tmpdir, sizeof c->tmpdir, "/tmp/k3c.XXXXXX");
     if (!mkdtemp(c->tmpdir)) {
         c->tmpdir[0] = 0;
@@ -331,6 +363,9 @@ void cl_local_stop(k3_cluster *c) {
                     status);
         s->pid = 0;
         if (!strncmp(s->endpoint, "ipc://", 6)) unlink(s->endpoint + 6);
+        char x[K3_MAX_PATH + 16];
+        cl_fmt(x, sizeof x, "%s/x%d", c->tmpdir, i); /* its expert endpoint, if striped */
+        unlink(x);
     }
     if (c->tmpdir[0]) rmdir(c->tmpdir);
 }

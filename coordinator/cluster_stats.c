@@ -15,6 +15,14 @@ static double now_ms(void) { return k3_now_ms(); }
 
 int k3_cluster_stages(const k3_cluster *c) { return c->n; }
 
+void cl_stage_add_drives(cl_stage *s, const proto_forward_done *d) {
+    if (d->n_drives > (uint32_t)s->n_drives) s->n_drives = (int)d->n_drives;
+    for (uint32_t k = 0; k < d->n_drives && k < K3_MAX_DIRS; k++)
+        s->drive_bytes[k] += d->drive_bytes[k];
+    s->gather_ms += d->gather_ms;
+    s->gather_layers += d->gather_layers;
+}
+
 void k3_cluster_stage_info(k3_cluster *c, int i, k3_stage_info *o) {
     memset(o, 0, sizeof *o);
     if (i < 0 || i >= c->n) return;
@@ -41,6 +49,10 @@ void k3_cluster_stage_info(k3_cluster *c, int i, k3_stage_info *o) {
     o->tx_bytes = s->tx_bytes;
     o->rx_bytes = s->rx_bytes;
     o->failures = s->failures;
+    o->n_drives = s->n_drives;
+    memcpy(o->drive_bytes, s->drive_bytes, sizeof o->drive_bytes);
+    o->gather_ms = s->gather_ms;
+    o->gather_layers = s->gather_layers;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -132,5 +144,19 @@ void k3_cluster_print_stats(k3_cluster *c, FILE *f) {
                     (unsigned)w.vk_resident, (unsigned long long)w.vk_promotions,
                     (unsigned long long)w.vk_evictions, w.vk_off ? " (device failed: off)" : "",
                     w.vk_device_ms, w.vk_cpu_ms, w.vk_wait_ms);
+        if (s.hits + s.misses)
+            fprintf(f, "    experts: hit rate %.1f %%\n",
+                    100.0 * (double)s.hits / (double)(s.hits + s.misses));
+        if (s.n_drives > 1 || s.gather_layers) {
+            /* a drive's rate over the stage's busy time: how fast it fed
+             * this worker while it computed (docs/PERFORMANCE.md) */
+            fprintf(f, "    drives:");
+            for (int d = 0; d < s.n_drives; d++)
+                fprintf(f, " d%d %.1f MB (%.3f GB/s)", d, (double)s.drive_bytes[d] / 1e6,
+                        s.busy_ms > 0 ? (double)s.drive_bytes[d] / 1e6 / s.busy_ms : 0.0);
+            fprintf(f, "; gather wait %.3f ms per layer over %llu MoE layer steps\n",
+                    s.gather_layers ? s.gather_ms / (double)s.gather_layers : 0.0,
+                    (unsigned long long)s.gather_layers);
+        }
     }
 }

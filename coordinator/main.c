@@ -85,6 +85,7 @@ typedef struct coord_opts {
     int pipe_chunk;    /* tokens per pipelined micro-chunk, 0 = auto */
     int max_sessions;  /* session states each local worker holds */
     int stripe;        /* stripe the experts over --dirs (coordinator/cmd_place.h) */
+    int stripe_remote; /* --stripe with each local worker serving its drives to the others */
     int help;
 } coord_opts;
 
@@ -257,6 +258,12 @@ static const k3_opt coord_table[] = {
      .type = K3_OPT_BOOL,
      .offset = O(stripe),
      .help = "stripe the experts over --dirs (D/k3-stripe/) so every process reads all drives"},
+    {.name = "stripe_remote",
+     .flag = "--stripe-remote",
+     .type = K3_OPT_BOOL,
+     .offset = O(stripe_remote),
+     .help = "--stripe, and --local worker i reads only the drives d % N == i (for every MoE "
+             "layer) and serves them to the other workers (expert calls)"},
     {.name = "help",
      .flag = "--help",
      .short_flag = 'h',
@@ -613,7 +620,10 @@ static int parse_cli(int argc, char **argv, coord_opts *o, k3_opt_src *src, char
     /* --exact means all-f32; an explicit conflicting flag is a mistake */
     if (!st) st = k3_engine_opts_resolve(&o->eng, coord_table, N_COORD_OPTS, src, err, sizeof err);
     if (!st && o->ids) st = parse_ids(o->ids, ids, n_ids, err, sizeof err);
-    if (!st && o->stripe) st = k3_place_stripe_dirs(&o->eng, err, sizeof err);
+    /* --stripe-remote deals the drives of --placement, or of the one
+     * --dirs gets here */
+    if (!st && (o->stripe || (o->stripe_remote && !o->eng.placement)))
+        st = k3_place_stripe_dirs(&o->eng, err, sizeof err);
     if (st) {
         fprintf(stderr, "k3-coordinator: %s\n", err);
         return 2;
@@ -628,6 +638,7 @@ static int parse_cli(int argc, char **argv, coord_opts *o, k3_opt_src *src, char
 static void engine_settings(const coord_opts *o, const k3_opt_src *src, k3_engine_open_opts *eo) {
     k3_engine_open_opts_from_cli(eo, &o->eng, &o->cl, coord_table, N_COORD_OPTS, src);
     eo->cluster.max_sessions = o->max_sessions;
+    eo->cluster.stripe_remote = o->stripe_remote;
     eo->cluster.pipe_chunk = o->pipe_chunk;
     eo->want_trace = o->trace != NULL;
     eo->chunk = o->chunk;

@@ -103,6 +103,47 @@ static void metric(k3_strbuf *b, const char *name, const char *type, const char 
     k3_strbuf_str(b, line);
 }
 
+/* Expert striping per stage (docs/CLUSTER.md "Expert striping"): bytes
+ * per placement drive, the waits on stripe peers, the expert hit ratio. */
+static void serve_metrics_striping(k3_strbuf *b, k3_cluster *c) {
+    char line[512];
+    k3_strbuf g = {0}, h = {0}, r = {0};
+    k3_strbuf_str(b, "# HELP k3_drive_bytes_read_total expert bytes a placement drive gave a "
+                     "stage's worker (calls it served for other stages included)\n"
+                     "# TYPE k3_drive_bytes_read_total counter\n");
+    k3_strbuf_str(&g, "# HELP k3_gather_wait_seconds_total time a stage's MoE layers waited on "
+                      "stripe peers' expert calls\n"
+                      "# TYPE k3_gather_wait_seconds_total counter\n");
+    k3_strbuf_str(&h, "# HELP k3_gather_layers_total MoE layer steps that called a stripe peer\n"
+                      "# TYPE k3_gather_layers_total counter\n");
+    k3_strbuf_str(&r, "# HELP k3_expert_hit_ratio experts served from a stage's cache / experts "
+                      "used\n"
+                      "# TYPE k3_expert_hit_ratio gauge\n");
+    for (int i = 0; i < k3_cluster_stages(c); i++) {
+        k3_stage_info s;
+        k3_cluster_stage_info(c, i, &s);
+        for (int d = 0; d < s.n_drives; d++) {
+            snprintf(line, sizeof line,
+                     "k3_drive_bytes_read_total{stage=\"%d\",drive=\"%d\"} %llu\n", i, d,
+                     (unsigned long long)s.drive_bytes[d]);
+            k3_strbuf_str(b, line);
+        }
+        snprintf(line, sizeof line, "k3_gather_wait_seconds_total{stage=\"%d\"} %.17g\n", i,
+                 s.gather_ms / 1000.0);
+        k3_strbuf_str(&g, line);
+        snprintf(line, sizeof line, "k3_gather_layers_total{stage=\"%d\"} %llu\n", i,
+                 (unsigned long long)s.gather_layers);
+        k3_strbuf_str(&h, line);
+        snprintf(line, sizeof line, "k3_expert_hit_ratio{stage=\"%d\"} %.17g\n", i,
+                 hit_rate(s.hits, s.misses));
+        k3_strbuf_str(&r, line);
+    }
+    k3_strbuf_add(b, g.p, g.n);
+    k3_strbuf_add(b, h.p, h.n);
+    k3_strbuf_add(b, r.p, r.n);
+    free(g.p), free(h.p), free(r.p);
+}
+
 char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int max_running) {
     k3_strbuf b = {0};
     metric(&b, "k3_http_requests_total", "counter", "HTTP requests answered",
@@ -199,5 +240,6 @@ char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int 
         metric(&b, "k3_vk_off", "gauge", "1: the device failed and the CPU computes alone",
                (double)v.off);
     }
+    if (c) serve_metrics_striping(&b, c);
     return b.p; /* NUL-terminated by k3_strbuf */
 }

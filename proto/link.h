@@ -36,7 +36,7 @@
  * --dirty`), e.g. "k3shard proto 1.1 rev 3f2a9c1". Both sides refuse a peer
  * whose identity differs (k3_link_check_build): the same settings with other
  * kernel code can give other bits. */
-#define K3_LINK_BUILD "k3shard proto 1.1"
+#define K3_LINK_BUILD "k3shard proto 1.2"
 
 /* Heartbeat interval (HB): default and range, used by the option row
  * below, k3_link_sockopts_apply and k3_cluster_open alike. TTL = 3 x HB

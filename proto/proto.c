@@ -44,10 +44,12 @@ static const char *const type_names[PROTO_MSG_COUNT] = {
     [PROTO_MSG_STATS_OK] = "STATS_OK",
     [PROTO_MSG_SHUTDOWN] = "SHUTDOWN",
     [PROTO_MSG_HEARTBEAT] = "HEARTBEAT",
+    [PROTO_MSG_EXPERT_CALL] = "EXPERT_CALL",
+    [PROTO_MSG_EXPERT_DONE] = "EXPERT_DONE",
 };
 
 const char *proto_type_name(proto_type t) {
-    if ((int)t < 0 || t >= PROTO_MSG_COUNT) return "?";
+    if ((int)t < 0 || t >= PROTO_MSG_COUNT || !type_names[t]) return "?"; /* reserved codes */
     return type_names[t];
 }
 
@@ -128,6 +130,8 @@ static const field_desc f_hello_ok[] = {
     F_U32("max_sess", hello_ok.max_sessions, 1, K3_MAX_SESSIONS, "K3_MAX_SESSIONS"),
     F_U32("max_ctx", hello_ok.max_ctx, 1, K3_MAX_CTX, "K3_MAX_CTX"),
     F_F64("read_gbps", hello_ok.read_gbps),
+    {"stripe", FK_U32, FD_OPT, OFF(hello_ok.stripe), 0, 0, (1ull << K3_MAX_DIRS) - 1,
+     "K3_MAX_DIRS drives"}, /* 1.2 */
 };
 static const field_desc f_forward[] = {
     F_U64("sess", forward.session, 1, ANY, NULL),
@@ -151,6 +155,11 @@ static const field_desc f_forward_done[] = {
     {"bytes_read", FK_U64, FD_STATS, OFF(forward_done.bytes_read), 0, 0, ANY, NULL},
     {"hits", FK_U64, FD_STATS, OFF(forward_done.expert_hits), 0, 0, ANY, NULL},
     {"misses", FK_U64, FD_STATS, OFF(forward_done.expert_misses), 0, 0, ANY, NULL},
+    /* 1.2: optional in the group (PROTOCOL.md "Expert calls", stats) */
+    {"drive_bytes", FK_LIST, FD_STATS | FD_OPT, OFF(forward_done.drive_bytes),
+     OFF(forward_done.n_drives), 0, K3_MAX_DIRS, "K3_MAX_DIRS"},
+    {"gather_ms", FK_F64, FD_STATS | FD_OPT, OFF(forward_done.gather_ms), 0, 0, 0, NULL},
+    {"xlayers", FK_U64, FD_STATS | FD_OPT, OFF(forward_done.gather_layers), 0, 0, ANY, NULL},
 };
 static const field_desc f_session[] = {
     F_U64("sess", session.session, 1, ANY, NULL),
@@ -205,6 +214,27 @@ static const field_desc f_error[] = {
     F_U64("sess", error.session, 0, ANY, NULL),
     F_U64("step", error.step, 0, ANY, NULL),
 };
+/* 1.2 expert calls (PROTOCOL.md "Expert calls"); frame sizes from the
+ * envelope: proto_frame_layout */
+static const field_desc f_expert_call[] = {
+    F_U32("layer", expert_call.layer, 0, K3_MAX_LAYERS - 1, "K3_MAX_LAYERS - 1"),
+    F_U32("drive", expert_call.drive, 0, K3_MAX_DIRS - 1, "K3_MAX_DIRS - 1"),
+    F_U32("P", expert_call.n_rows, 1, K3_MAX_CHUNK, "K3_MAX_CHUNK"),
+    F_U32("LT", expert_call.latent, 1, K3_MAX_HIDDEN, "K3_MAX_HIDDEN"),
+    F_U32("n", expert_call.n_experts, 1, K3_MAX_EXPERTS, "K3_MAX_EXPERTS"),
+    F_U32("R", expert_call.n_pairs, 1, K3_MAX_CHUNK *K3_MAX_TOPK, "K3_MAX_CHUNK * K3_MAX_TOPK"),
+};
+static const field_desc f_expert_done[] = {
+    F_U32("layer", expert_done.layer, 0, K3_MAX_LAYERS - 1, "K3_MAX_LAYERS - 1"),
+    F_U32("drive", expert_done.drive, 0, K3_MAX_DIRS - 1, "K3_MAX_DIRS - 1"),
+    F_U32("R", expert_done.n_pairs, 1, K3_MAX_CHUNK *K3_MAX_TOPK, "K3_MAX_CHUNK * K3_MAX_TOPK"),
+    F_U32("LT", expert_done.latent, 1, K3_MAX_HIDDEN, "K3_MAX_HIDDEN"),
+    F_F64("compute_ms", expert_done.compute_ms),
+    F_F64("read_ms", expert_done.read_ms),
+    F_U64("bytes_read", expert_done.bytes_read, 0, ANY, NULL),
+    F_U64("hits", expert_done.expert_hits, 0, ANY, NULL),
+    F_U64("misses", expert_done.expert_misses, 0, ANY, NULL),
+};
 
 typedef struct msg_schema {
     const field_desc *f;
@@ -225,13 +255,18 @@ static const msg_schema schemas[PROTO_MSG_COUNT] = {
     [PROTO_MSG_STATS_OK] = SCHEMA(f_stats_ok),
     [PROTO_MSG_HEARTBEAT] = SCHEMA(f_heartbeat),
     [PROTO_MSG_ERROR] = SCHEMA(f_error),
+    [PROTO_MSG_EXPERT_CALL] = SCHEMA(f_expert_call),
+    [PROTO_MSG_EXPERT_DONE] = SCHEMA(f_expert_done),
     /* OK, STATS, SHUTDOWN: common keys only */
 };
 #define N_COMMON 4 /* v, t, id, ep */
 _Static_assert(sizeof(f_hello_ok) / sizeof(f_hello_ok[0]) + N_COMMON <= K3_PROTO_MAX_KEYS,
                "largest message must fit K3_PROTO_MAX_KEYS");
 
-static bool type_known(proto_type t) { return t > PROTO_MSG_NONE && t < PROTO_MSG_COUNT; }
+/* Reserved codes below PROTO_MSG_COUNT (another branch's types) have no name. */
+static bool type_known(proto_type t) {
+    return t > PROTO_MSG_NONE && t < PROTO_MSG_COUNT && type_names[t];
+}
 
 /* Requests and replies carry a nonzero id; ERROR may carry 0 (unreadable id);
  * HEARTBEAT carries 0 (PROTOCOL.md 3). */
@@ -449,6 +484,14 @@ k3_status proto_validate(const proto_msg *m, char *err, size_t errlen) {
             return k3_errf(K3_ERR_PROTO, err, errlen,
                            "%s: field 'flags': unknown bits 0x%x (known 0x%x)", tn,
                            f->flags & ~PROTO_FWD_FLAGS_ALL, PROTO_FWD_FLAGS_ALL);
+        break;
+    }
+    case PROTO_MSG_EXPERT_CALL: {
+        const proto_expert_call *x = &m->u.expert_call;
+        if (x->n_pairs < x->n_experts || (uint64_t)x->n_pairs > (uint64_t)x->n_rows * x->n_experts)
+            return k3_errf(K3_ERR_PROTO, err, errlen,
+                           "%s: field 'R': %u pairs, expected n %u .. P x n = %llu", tn, x->n_pairs,
+                           x->n_experts, (unsigned long long)x->n_rows * x->n_experts);
         break;
     }
     case PROTO_MSG_CANCEL:
@@ -781,7 +824,7 @@ static k3_status decode_header(const msgpack_object_kv *kv, const env_keys *ek, 
     uint64_t t;
     st = want_uint(&kv[ek->t].val, "envelope", "t", UINT64_MAX, &t, err, errlen);
     if (st) return st;
-    if (t == 0 || t >= PROTO_MSG_COUNT)
+    if (t == 0 || t >= PROTO_MSG_COUNT || !type_known((proto_type)t))
         return k3_errf(K3_ERR_PROTO, err, errlen,
                        "envelope: unknown message type %" PRIu64 " (known 1..%d)", t,
                        PROTO_MSG_COUNT - 1);
@@ -864,7 +907,9 @@ static k3_status decode_missing(const msg_schema *s, uint64_t seen, bool seen_id
     const char *stats_have = NULL, *stats_miss = NULL;
     for (int j = 0; j < s->n; j++) {
         bool have = (seen >> j) & 1;
-        if (s->f[j].flags & FD_STATS) {
+        if ((s->f[j].flags & FD_STATS) && (s->f[j].flags & FD_OPT)) {
+            continue; /* a 1.2 addition to the group: a 1.1 sender omits it */
+        } else if (s->f[j].flags & FD_STATS) {
             n_stats++;
             n_stats_seen += have;
             if (have)
@@ -990,6 +1035,29 @@ k3_status proto_frame_layout(const proto_msg *m, int *n_frames, uint64_t bytes[K
     *n_frames = 0;
     uint64_t count, T, D;
     const char *first;
+    if (m->type == PROTO_MSG_EXPERT_CALL || m->type == PROTO_MSG_EXPERT_DONE) {
+        /* u32 fields: every product below fits 64 bits */
+        int call = m->type == PROTO_MSG_EXPERT_CALL;
+        uint64_t LT = call ? m->u.expert_call.latent : m->u.expert_done.latent;
+        uint64_t R = call ? m->u.expert_call.n_pairs : m->u.expert_done.n_pairs;
+        uint64_t rows = call ? m->u.expert_call.n_rows : R;
+        uint64_t big = rows * LT * sizeof(float);
+        if (big > K3_PROTO_MAX_FRAME_BYTES)
+            return k3_errf(K3_ERR_LIMIT, err, errlen,
+                           "%s: frame '%s' [%" PRIu64 "][LT=%" PRIu64
+                           "] f32 > limit %llu bytes (K3_PROTO_MAX_FRAME_BYTES)",
+                           proto_type_name(m->type), call ? "z" : "y", rows, LT,
+                           (unsigned long long)K3_PROTO_MAX_FRAME_BYTES);
+        bytes[0] = big;
+        *n_frames = 1;
+        if (call) {
+            bytes[1] = sizeof(int32_t) * (uint64_t)m->u.expert_call.n_experts; /* ids */
+            bytes[2] = bytes[1];                                               /* counts */
+            bytes[3] = sizeof(int32_t) * R;                                    /* rows */
+            *n_frames = 4;
+        }
+        return K3_OK;
+    }
     if (m->type == PROTO_MSG_FORWARD) {
         count = m->u.forward.n_blocks;
         T = m->u.forward.n_tokens;
@@ -1031,9 +1099,12 @@ k3_status proto_check_frames(const proto_msg *m, const size_t *frame_bytes, int 
                        n_frames, n);
     for (int i = 0; i < n; i++) {
         if ((uint64_t)frame_bytes[i] != want[i]) {
-            const char *name = i == 1                         ? "hidden"
-                               : m->type == PROTO_MSG_FORWARD ? "blocks"
-                                                              : "snapshots";
+            static const char *const xnames[4] = {"z", "ids", "counts", "rows"};
+            const char *name = m->type == PROTO_MSG_EXPERT_CALL   ? xnames[i]
+                               : m->type == PROTO_MSG_EXPERT_DONE ? "y"
+                               : i == 1                           ? "hidden"
+                               : m->type == PROTO_MSG_FORWARD     ? "blocks"
+                                                                  : "snapshots";
             return k3_errf(K3_ERR_PROTO, err, errlen,
                            "%s: tensor frame %d ('%s') has %zu bytes, expected %" PRIu64, tn, i + 1,
                            name, frame_bytes[i], want[i]);
@@ -1105,6 +1176,7 @@ static proto_type reply_type(proto_type t) {
     case PROTO_MSG_CANCEL:
     case PROTO_MSG_SHUTDOWN: return PROTO_MSG_OK;
     case PROTO_MSG_STATS: return PROTO_MSG_STATS_OK;
+    case PROTO_MSG_EXPERT_CALL: return PROTO_MSG_EXPERT_DONE;
     default: return PROTO_MSG_NONE;
     }
 }
@@ -1139,6 +1211,17 @@ k3_status proto_check_reply(const proto_msg *req, const proto_msg *rep, char *er
                            ", expected %" PRIu64 "/%" PRIu64,
                            rn, req->id, rep->u.error.session, rep->u.error.step, sess, step);
         return K3_OK;
+    }
+    if (rep->type == PROTO_MSG_EXPERT_DONE) {
+        const proto_expert_done *d = &rep->u.expert_done;
+        const proto_expert_call *x = &req->u.expert_call;
+        if (d->layer != x->layer || d->drive != x->drive || d->n_pairs != x->n_pairs ||
+            d->latent != x->latent)
+            return k3_errf(K3_ERR_PROTO, err, errlen,
+                           "EXPERT_DONE id %" PRIu64 ": layer/drive/R/LT %u/%u/%u/%u, expected "
+                           "%u/%u/%u/%u",
+                           rep->id, d->layer, d->drive, d->n_pairs, d->latent, x->layer, x->drive,
+                           x->n_pairs, x->latent);
     }
     if (rep->type == PROTO_MSG_FORWARD_DONE) {
         const proto_forward_done *d = &rep->u.forward_done;

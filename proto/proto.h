@@ -26,7 +26,7 @@
 #include "common/base/limits.h"
 
 #define PROTO_VERSION_MAJOR 1
-#define PROTO_VERSION_MINOR 1
+#define PROTO_VERSION_MINOR 2
 
 /* Bytes an encoded envelope may need: every v1 message at its field limits
  * fits (the largest, ERROR with a 4095-byte msg, is ~4.2 KB; tested). */
@@ -56,7 +56,10 @@ typedef enum proto_type {
     PROTO_MSG_STATS_OK = 12,
     PROTO_MSG_SHUTDOWN = 13,
     PROTO_MSG_HEARTBEAT = 14,
-    PROTO_MSG_COUNT /* one past the last; 15, 16 reserved (CHECKPOINT, RESTORE) */
+    /* 15, 16 reserved (CHECKPOINT, RESTORE: ckpt) */
+    PROTO_MSG_EXPERT_CALL = 17, /* 1.2: worker -> stripe peer (PROTOCOL.md "Expert calls") */
+    PROTO_MSG_EXPERT_DONE = 18,
+    PROTO_MSG_COUNT /* one past the last (15,16 ckpt / 17,18 xstripe) */
 } proto_type;
 
 /* Numeric settings both sides must agree on exactly (PROTOCOL.md 4). */
@@ -85,6 +88,9 @@ typedef struct proto_hello_ok {    /* W -> C */
     double read_gbps;              /* measured drive read GB/s, 0 = not measured */
     char build[K3_PROTO_MAX_NAME]; /* worker build identity */
     char name[K3_PROTO_MAX_NAME];  /* worker name, non-empty */
+    uint32_t stripe;               /* 1.2, optional (absent = 0): placement drives whose
+                                      experts it serves to other stages (bit d), PROTOCOL.md
+                                      "Expert calls" */
 } proto_hello_ok;
 
 typedef struct proto_forward { /* C -> W; frames blocks [nb][T][D], hidden [T][D] */
@@ -110,6 +116,12 @@ typedef struct proto_forward_done {         /* W -> C; frames snapshots [k][T][D
     uint64_t bytes_read;                    /* expert bytes read from disk */
     uint64_t expert_hits;                   /* "hits" */
     uint64_t expert_misses;                 /* "misses" */
+    /* 1.2, optional members of the stats group (absent = 0): expert striping */
+    uint32_t n_drives;                 /* entries of drive_bytes, 0..K3_MAX_DIRS */
+    uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes each placement drive gave this worker
+                                          during the step (calls it served included) */
+    double gather_ms;                  /* waiting on stripe peers' expert calls */
+    uint64_t gather_layers;            /* "xlayers": MoE layer steps that called a peer */
 } proto_forward_done;
 
 typedef struct proto_session_op { /* SESSION_RESET, SESSION_TRUNCATE, SESSION_DROP */
@@ -151,6 +163,34 @@ typedef struct proto_heartbeat {
     uint64_t busy_request; /* "req": request being computed, 0 = idle */
 } proto_heartbeat;
 
+/* EXPERT_CALL (worker -> the worker serving a drive's stripe, PROTOCOL.md
+ * "Expert calls"): the latent MoE input rows of one layer and, per routed
+ * expert of that drive, which rows chose it. Frames: z [P][LT] f32, ids [n]
+ * i32 (ascending), counts [n] i32 (rows per expert, >= 1, summing to R),
+ * rows [R] i32 (indexes into z, ascending within an expert). */
+typedef struct proto_expert_call {
+    uint32_t layer;     /* MoE layer */
+    uint32_t drive;     /* the placement drive the caller expects the peer to serve */
+    uint32_t n_rows;    /* "P": rows of z, 1..K3_MAX_CHUNK */
+    uint32_t latent;    /* "LT": 1..K3_MAX_HIDDEN */
+    uint32_t n_experts; /* "n": 1..K3_MAX_EXPERTS */
+    uint32_t n_pairs;   /* "R": (row, expert) pairs, n..K3_MAX_CHUNK * K3_MAX_TOPK */
+} proto_expert_call;
+
+/* EXPERT_DONE (peer -> caller): the unweighted output of every (row,
+ * expert) pair of the call, in the call's order; frame y [R][LT] f32. The
+ * caller weighs and sums them in expert-id order itself. */
+typedef struct proto_expert_done {
+    uint32_t layer, drive;  /* echoed */
+    uint32_t n_pairs;       /* "R", echoed */
+    uint32_t latent;        /* "LT", echoed */
+    double compute_ms;      /* expert math on the peer */
+    double read_ms;         /* waiting on its drive */
+    uint64_t bytes_read;    /* expert bytes it read */
+    uint64_t expert_hits;   /* "hits" */
+    uint64_t expert_misses; /* "misses" */
+} proto_expert_done;
+
 typedef struct proto_error {
     uint32_t code;              /* a k3_status, 1..K3_ERR_INTERNAL */
     uint64_t session;           /* "sess" of the failed FORWARD, else 0 */
@@ -175,6 +215,8 @@ typedef struct proto_msg {
         proto_stats_ok stats_ok;
         proto_heartbeat heartbeat;
         proto_error error;
+        proto_expert_call expert_call; /* 1.2 */
+        proto_expert_done expert_done; /* 1.2 */
     } u;
 } proto_msg;
 

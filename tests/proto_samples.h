@@ -260,6 +260,11 @@ static int make_samples(proto_msg *s) {
     m->u.forward_done.bytes_read = 123456789;
     m->u.forward_done.expert_hits = 40;
     m->u.forward_done.expert_misses = 7;
+    m->u.forward_done.n_drives = 3; /* 1.2 striping keys */
+    m->u.forward_done.drive_bytes[0] = 1 << 20;
+    m->u.forward_done.drive_bytes[2] = 3 << 20;
+    m->u.forward_done.gather_ms = 0.75;
+    m->u.forward_done.gather_layers = 2;
     m->u.forward_done.n_evicted = 2;
     m->u.forward_done.evicted[0] = 9;
     m->u.forward_done.evicted[1] = UINT64_MAX;
@@ -321,6 +326,21 @@ static int make_samples(proto_msg *s) {
     m->u.heartbeat.busy_request = 1000;
     m = &s[n++];
     proto_msg_init(m, PROTO_MSG_HEARTBEAT, 0, 0);
+    m = &s[n++]; /* 1.2: expert calls */
+    proto_msg_init(m, PROTO_MSG_EXPERT_CALL, 1009, 77);
+    m->u.expert_call = (proto_expert_call){
+        .layer = 3, .drive = 1, .n_rows = 4, .latent = 64, .n_experts = 2, .n_pairs = 5};
+    m = &s[n++];
+    proto_msg_init(m, PROTO_MSG_EXPERT_DONE, 1009, 77);
+    m->u.expert_done = (proto_expert_done){.layer = 3,
+                                           .drive = 1,
+                                           .n_pairs = 5,
+                                           .latent = 64,
+                                           .compute_ms = 1.5,
+                                           .read_ms = 0.25,
+                                           .bytes_read = 1 << 20,
+                                           .expert_hits = 1,
+                                           .expert_misses = 1};
     return n;
 }
 #define MAX_SAMPLES 32

@@ -100,6 +100,9 @@ static void cluster_opts(k3_cluster_opts *o) {
     static const char *const args[] = {"--no-bench"};
     o->worker_args = args;
     o->n_worker_args = 1;
+    /* tests/integration/test_xstripe.sh: local workers serve each other's
+     * drives (K3_PLACEMENT names the placement) */
+    o->stripe_remote = getenv("K3_TEST_STRIPE_REMOTE") != NULL;
 }
 
 /* ---- scripts: a session's prompt and decode, logits recorded --------- */
@@ -1329,6 +1332,7 @@ int main(int argc, char **argv) {
     g_mo.model_dir = g_dir;
     g_mo.threads = 1;
     g_mo.want_global = 1;
+    if (getenv("K3_TEST_STRIPE_REMOTE")) g_mo.placement = getenv("K3_PLACEMENT");
     if (k3_model_open(&g_full, &g_mo, err, sizeof err)) {
         printf("not ok - open %s: %s\n", g_dir, err);
         return 1;

@@ -61,7 +61,7 @@ static int store_open_range(store *x, const char *dir, const char *const *dirs, 
     k3_expert_geom g;
     k3_expert_geom_init(&g, &x->cfg);
     size_t slot = ((size_t)g.total + 2 * 4096 + 4095) & ~(size_t)4095;
-    k3_experts_opts eo = {(size_t)slots * (size_t)n_moe * slot, direct, pipe, threads, 0, NULL};
+    k3_experts_opts eo = {(size_t)slots * (size_t)n_moe * slot, direct, pipe, threads, 0, NULL, 0};
     if (k3_experts_open(&x->s, x->idx, &x->cfg, a, b, &eo, err, sizeof err)) return -1;
     for (int l = a; l < b; l++)
         if (x->cfg.is_moe[l] &&
@@ -835,12 +835,13 @@ static void test_budget(void) {
     }
     /* not even one slot per layer fits: refused, saying how much is needed */
     k3_experts *s = NULL;
-    k3_experts_opts eo = {1, 1, 1, 4, 20000000, NULL}; /* 20 MB of RAM for 2 x 17.5 MB */
+    k3_experts_opts eo = {1, 1, 1, 4, 20000000, NULL, 0}; /* 20 MB of RAM for 2 x 17.5 MB */
     k3_status st = k3_experts_open(&s, idx, &c, 0, 2, &eo, err, sizeof err);
     CHECK(st == K3_ERR_LIMIT && strstr(err, "need at least 0.04 GB") && strstr(err, "2 MoE layers"),
           "a budget that cannot fit fails at open: %s", err);
     /* a budget above the memory is lowered to what fits */
-    eo = (k3_experts_opts){(size_t)4 << 30, 1, 1, 4, 100000000, NULL}; /* 100 MB: 2 slots/layer */
+    eo =
+        (k3_experts_opts){(size_t)4 << 30, 1, 1, 4, 100000000, NULL, 0}; /* 100 MB: 2 slots/layer */
     st = k3_experts_open(&s, idx, &c, 0, 2, &eo, err, sizeof err);
     CHECK(st == K3_OK && k3_experts_slots(s, 0) == 2,
           "a 4 GB budget on 100 MB of RAM gets %d "
@@ -849,7 +850,7 @@ static void test_budget(void) {
     k3_experts_close(&s);
 
     /* RSS: one slot per layer, every expert streamed through it */
-    eo = (k3_experts_opts){1, 1, 1, 4, 0, NULL};
+    eo = (k3_experts_opts){1, 1, 1, 4, 0, NULL, 0};
     long hwm0 = vm_kb("VmHWM:"), rss0 = vm_kb("VmRSS:");
     st = k3_experts_open(&s, idx, &c, 0, 2, &eo, err, sizeof err);
     for (int l = 0; l < 2 && st == K3_OK; l++)

@@ -501,7 +501,7 @@ static void kda_run(kda_fix *f, const k3_config *c, k3_pool *pool, const float *
     const size_t nc = (size_t)3 * c->kda_proj * c->conv_k;
     memset(f->S, 0, ns * sizeof(float)), memset(f->conv, 0, nc * sizeof(float));
     k3_kda_state st = {f->S, f->conv};
-    k3_layer_ctx lc = {c, pool, NULL, 0, 0, NULL};
+    k3_layer_ctx lc = {c, pool, NULL, 0, 0, NULL, NULL};
     size_t cap = k3_kda_scratch_bytes(c, chunk);
     k3_arena ar = {malloc(cap), cap, 0};
     for (int t0 = 0; t0 < T; t0 += chunk) {
@@ -588,7 +588,7 @@ static void mla_run(mla_fix *f, const k3_config *c, k3_pool *pool, const float *
     char err[256];
     k3_mla_cache cache = {0};
     K3_ASSERT(k3_mla_cache_reserve(&cache, c, T, T, err, sizeof err) == K3_OK);
-    k3_layer_ctx lc = {c, pool, NULL, 0, 0, NULL};
+    k3_layer_ctx lc = {c, pool, NULL, 0, 0, NULL, NULL};
     size_t cap = k3_mla_scratch_bytes(c, chunk, T);
     k3_arena ar = {malloc(cap), cap, 0};
     for (int t0 = 0; t0 < T; t0 += chunk) {

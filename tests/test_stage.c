@@ -200,7 +200,7 @@ static void test_kda_conv(void) {
     w.o_norm = one2;
     float S[4] = {0}, conv[12] = {0};
     k3_kda_state st = {S, conv};
-    k3_layer_ctx lc = {&c, NULL, NULL, 0, 0, NULL};
+    k3_layer_ctx lc = {&c, NULL, NULL, 0, 0, NULL, NULL};
     size_t cap = k3_kda_scratch_bytes(&c, 2);
     k3_arena ar = {malloc(cap), cap, 0};
     float x[4] = {1, 2, 3, 5}, out[4];
@@ -255,7 +255,7 @@ static void test_mla(void) {
     w.q_a_norm = w.kv_a_norm = ones4;
     k3_mla_cache cache = {0};
     k3_mla_cache_reserve(&cache, &c, 3, 8, err, sizeof err);
-    k3_layer_ctx lc = {&c, NULL, NULL, 0, 0, NULL};
+    k3_layer_ctx lc = {&c, NULL, NULL, 0, 0, NULL, NULL};
     size_t cap = k3_mla_scratch_bytes(&c, 3, 3);
     k3_arena ar = {malloc(cap), cap, 0};
     float x[12] = {0.5f, -1, 2, 0.25f, 1, 1, -1, 0, -0.5f, 0.75f, 0.1f, 2}, out[12];
@@ -364,7 +364,7 @@ static void test_expert(void) {
     for (int i = 0; i < 64; i++) z[i] = i < 32 ? 0.1f : -0.05f;
     size_t cap = 1 << 16;
     k3_arena ar = {malloc(cap), cap, 0};
-    k3_layer_ctx lc = {&c, NULL, NULL, 0, 0, NULL};
+    k3_layer_ctx lc = {&c, NULL, NULL, 0, 0, NULL, NULL};
     k3_moe_expert_apply(&lc, &v, z, NULL, NULL, 2, y, &ar);
     float s1 = 0, s2 = 0;
     for (int i = 0; i < 32; i++) s1 += 0.1f, s2 += -0.05f;

@@ -30,26 +30,33 @@
 #include "proto/link.h"
 #include "worker/host.h"
 #include "worker/worker.h"
+#include "worker/xstripe.h"
+#include "common/experts/placement.h"
 
 typedef struct wopts {
-    k3_engine_opts eng; /* model, numerics, threads, expert cache (common/engine/engine_opts.h) */
-    int bits_explicit;  /* --bits / K3_BITS given (not parsed: set from the table's sources) */
-    char *layers;       /* "A-B": the half-open layer range served */
-    char *listen;       /* endpoint to bind */
-    int numa;           /* NUMA node to pin to, -1 = none */
-    int numa_auto;      /* pin to the node of the drive holding our first layer */
-    int max_sessions;   /* session states held */
-    int max_ctx;        /* tokens per session */
-    int max_chunk;      /* tokens per step accepted */
-    int insecure;       /* allow plain tcp off loopback */
-    char *curve_secret; /* our CURVE key pair file */
-    char *allow;        /* coordinator public keys admitted */
-    int hb_ms;          /* heartbeat interval */
-    int no_bench;       /* skip the drive benchmark */
-    int bench_mb;       /* MB the drive benchmark reads */
-    char *name;         /* name in logs */
-    char *fault;        /* K3_WORKER_FAULT (tests) */
-    int verbose;        /* per-layer load progress */
+    k3_engine_opts eng;  /* model, numerics, threads, expert cache (common/engine/engine_opts.h) */
+    int bits_explicit;   /* --bits / K3_BITS given (not parsed: set from the table's sources) */
+    char *layers;        /* "A-B": the half-open layer range served */
+    char *listen;        /* endpoint to bind */
+    int numa;            /* NUMA node to pin to, -1 = none */
+    int numa_auto;       /* pin to the node of the drive holding our first layer */
+    int max_sessions;    /* session states held */
+    int max_ctx;         /* tokens per session */
+    int max_chunk;       /* tokens per step accepted */
+    int insecure;        /* allow plain tcp off loopback */
+    char *curve_secret;  /* our CURVE key pair file */
+    char *allow;         /* coordinator public keys admitted */
+    int hb_ms;           /* heartbeat interval */
+    int no_bench;        /* skip the drive benchmark */
+    int bench_mb;        /* MB the drive benchmark reads */
+    char *name;          /* name in logs */
+    char *fault;         /* K3_WORKER_FAULT (tests) */
+    int verbose;         /* per-layer load progress */
+    char *expert_listen; /* cross-worker striping (worker/xstripe.h): our expert endpoint */
+    char *stripe_drives; /* placement drives this worker reads and serves */
+    char *stripe_peers;  /* D=ENDPOINT of every other drive's worker */
+    char *stripe_allow;  /* CURVE: public keys of the workers that call our expert endpoint */
+    char *stripe_keys;   /* CURVE: "ENDPOINT KEY" lines, the peers' public keys */
     int help;
 } wopts;
 
@@ -137,6 +144,39 @@ static const k3_opt table[] = {
      .metavar = "MB",
      .help = "bytes of the worker's shards the drive benchmark reads"},
     K3_ENGINE_OPT_ROWS(wopts, eng),
+    {.name = "expert-listen",
+     .flag = "--expert-listen",
+     .type = K3_OPT_STRING,
+     .offset = O(expert_listen),
+     .metavar = "ENDPOINT",
+     .help = "cross-worker striping: endpoint the other stages' expert calls reach"},
+    {.name = "stripe-drives",
+     .flag = "--stripe-drives",
+     .type = K3_OPT_STRING,
+     .offset = O(stripe_drives),
+     .metavar = "D1,D2|none",
+     .help = "cross-worker striping: the --placement drives this worker reads, for every MoE "
+             "layer, and serves to the other stages"},
+    {.name = "stripe-peers",
+     .flag = "--stripe-peers",
+     .type = K3_OPT_STRING,
+     .offset = O(stripe_peers),
+     .metavar = "D=EP,...",
+     .help = "cross-worker striping: the --expert-listen endpoint of each other drive's worker"},
+    {.name = "stripe-allow",
+     .flag = "--stripe-allow",
+     .type = K3_OPT_STRING,
+     .offset = O(stripe_allow),
+     .metavar = "FILE",
+     .help = "cross-worker striping with CURVE: public keys of the workers admitted to "
+             "--expert-listen (one per line)"},
+    {.name = "stripe-keys",
+     .flag = "--stripe-keys",
+     .type = K3_OPT_STRING,
+     .offset = O(stripe_keys),
+     .metavar = "FILE",
+     .help = "cross-worker striping with CURVE: the peers' public keys, lines \"ENDPOINT KEY\" "
+             "(or \"* KEY\")"},
     {.name = "name",
      .flag = "--name",
      .type = K3_OPT_STRING,
@@ -241,6 +281,52 @@ static int check_opts(const wopts *o, int *a, int *b, wk_opts *w) {
         fprintf(stderr, "k3-worker: %s\n", err);
         return 2;
     }
+    int xs = o->expert_listen || o->stripe_drives || o->stripe_peers;
+    if (xs && (!o->stripe_drives || !o->eng.placement)) {
+        fprintf(stderr, "k3-worker: cross-worker striping needs --stripe-drives and --placement "
+                        "(with --stripe-peers for the other drives)\n");
+        return 2;
+    }
+    /* expert calls use the worker's own transport security: CURVE with its
+     * key pair when it has one (--stripe-allow, --stripe-keys) */
+    if (o->expert_listen && k3_link_endpoint_policy(o->expert_listen, w->curve, o->insecure,
+                                                    "k3-worker --expert-listen", err, sizeof err)) {
+        fprintf(stderr, "k3-worker: %s\n", err);
+        return 2;
+    }
+    if ((o->stripe_allow || o->stripe_keys) && !w->curve) {
+        fprintf(stderr, "k3-worker: --stripe-allow and --stripe-keys go with --curve-secret\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* --stripe-drives / --stripe-peers into x (before the model opens: the
+ * drive mask decides which files it opens). Returns 0 or 2. */
+static int xstripe_opts(const wopts *o, wk_xstripe_opts *x) {
+    char err[1024];
+    memset(x, 0, sizeof *x);
+    if (!o->stripe_drives) return 0;
+    k3_status st = wk_xstripe_parse_drives(o->stripe_drives, &x->own, err, sizeof err);
+    if (!st && o->stripe_peers) st = wk_xstripe_parse_peers(o->stripe_peers, x, err, sizeof err);
+    if (!st) {
+        for (int d = 0; d < K3_MAX_DIRS && !st; d++)
+            if (x->peer[d] &&
+                k3_link_endpoint_policy(x->peer[d], o->curve_secret != NULL, o->insecure,
+                                        "k3-worker --stripe-peers", err, sizeof err))
+                st = K3_ERR_ARG;
+    }
+    if (st) {
+        fprintf(stderr, "k3-worker: %s\n", err);
+        wk_xstripe_opts_free(x);
+        return 2;
+    }
+    x->listen = o->expert_listen;
+    x->sock.hb_ms = o->hb_ms;
+    x->sock.linger_ms = 0;
+    x->sock.handshake_ms = K3_LINK_HANDSHAKE_MS_DEFAULT;
+    x->threads = o->eng.threads;
+    x->keys_path = o->stripe_keys;
     return 0;
 }
 
@@ -306,6 +392,10 @@ static int open_layers(const wopts *o, int a, int b, k3_model_opts *mo, char *us
      * (coordinator/cluster_local.c), so flag and variable both count */
     mo->bits_explicit = o->bits_explicit;
     mo->verbose = o->verbose;
+    if (o->stripe_drives) { /* cross-worker striping: every layer's experts, our drives' files */
+        mo->expert_all_layers = 1;
+        mo->expert_drive_mask = w->xs_own | WK_XSTRIPE_MARK;
+    }
     double t0 = k3_now_s();
     if (k3_model_open(m, mo, err, sizeof err)) {
         fprintf(stderr, "k3-worker: %s\n", err);
@@ -386,6 +476,11 @@ static int run(const wopts *o) {
     }
     int rc = check_opts(o, &a, &b, &w);
     if (rc) return rc;
+    wk_xstripe_opts xo;
+    rc = xstripe_opts(o, &xo);
+    if (rc) return rc;
+    w.xs_own = xo.own;
+    wk_xstripe *xs = NULL;
     k3_allow_list allow = {0};
     k3_model_opts mo;
     char usage_path[4200];
@@ -400,12 +495,38 @@ static int run(const wopts *o) {
         pin_numa(o, a);
         rc = open_layers(o, a, b, &mo, usage_path, sizeof usage_path, &w, &m);
     }
+    k3_allow_list xallow = {0}; /* --stripe-allow */
+    if (!rc && o->stripe_drives) {
+        char err[1024];
+        snprintf(xo.name, sizeof xo.name, "%s", o->name ? o->name : "k3-worker");
+        xo.curve = w.curve;
+        xo.kp = &w.kp;
+        if (w.curve && o->stripe_allow) {
+            if (k3_allow_list_load(o->stripe_allow, &xallow, err, sizeof err)) {
+                fprintf(stderr, "k3-worker: --stripe-allow: %s\n", err);
+                rc = 1;
+            }
+            xo.allow = &xallow;
+        }
+        const k3_placement *pl = k3_model_placement(m);
+        k3_status st = wk_xstripe_check(&xo, pl ? k3_placement_drives(pl) : 0, o->eng.placement,
+                                        err, sizeof err);
+        if (!st && !rc) st = wk_xstripe_open(&xs, m, &xo, err, sizeof err);
+        if (st) {
+            fprintf(stderr, "k3-worker: %s\n", err);
+            rc = 1;
+        }
+        w.xs = xs;
+    }
     if (!rc) {
         bench_drives(o, &mo, a, b, &w);
         rc = serve(o, m, &w);
     }
+    wk_xstripe_close(&xs, m);
+    wk_xstripe_opts_free(&xo);
     k3_model_close(&m);
     k3_allow_list_free(&allow);
+    k3_allow_list_free(&xallow);
     memset(&w.kp, 0, sizeof w.kp); /* the secret key leaves no copy behind */
     return rc;
 }

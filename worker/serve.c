@@ -30,6 +30,7 @@
 #include "common/vk/vk_tier.h"
 #include "worker/sessions.h"
 #include "worker/worker.h"
+#include "worker/xstripe.h"
 
 typedef struct wk_req {
     proto_msg msg;   /* decoded envelope */
@@ -244,6 +245,7 @@ static void on_hello(wk *w, wk_req *r) {
     o->max_sessions = (uint32_t)w->o->max_sessions;
     o->max_ctx = (uint32_t)w->o->max_ctx;
     o->read_gbps = w->o->read_gbps;
+    o->stripe = w->o->xs ? w->o->xs_own : 0; /* the coordinator refuses a drive claimed twice */
     snprintf(o->build, sizeof o->build, "%s", w->o->build);
     snprintf(o->name, sizeof o->name, "%s", w->o->name);
     wk_send(w, &r->fr.from, &ok, NULL, NULL, 0);
@@ -417,9 +419,18 @@ static void wk_drain(wk *w) {
 static void wk_layer_hook(void *ctx, int layer, int pos0, int T, const float *h) {
     (void)layer, (void)pos0, (void)T, (void)h;
     wk *w = ctx;
+    if (w->o->xs) wk_xstripe_set_epoch(w->o->xs, w->epoch); /* stamped on expert calls */
     if (*w->stop) w->cancel = 1;
     wk_heartbeat(w);
     wk_drain(w);
+}
+
+/* While a MoE layer waits on its stripe peers (worker/xstripe.h): our
+ * HEARTBEAT keeps the coordinator from taking the wait for a stall. */
+static void wk_xstripe_tick(void *ctx) {
+    wk *w = ctx;
+    if (*w->stop) w->cancel = 1;
+    wk_heartbeat(w);
 }
 
 static k3_status ensure_buffers(wk *w, int T, char *err, size_t errlen) {
@@ -494,6 +505,8 @@ static void do_forward(wk *w, wk_req *r) {
     int nb = (int)f->n_blocks;
     k3_step_stats ss;
     memset(&ss, 0, sizeof ss);
+    wk_drive_snap snap0, snap1; /* per-drive bytes and expert-call waits of this step */
+    wk_drive_snapshot(w->m, w->o->xs, &snap0);
     st = k3_stage_forward(w->m, state, (int)f->pos0, (int)f->n_tokens, w->blocks, &nb, w->h, &ss,
                           wk_layer_hook, w, err, sizeof err);
     k3_stage_set_cancel(state, NULL);
@@ -536,6 +549,8 @@ static void do_forward(wk *w, wk_req *r) {
         o->bytes_read = ss.bytes_read;
         o->expert_hits = ss.expert_hits;
         o->expert_misses = ss.expert_misses;
+        wk_drive_snapshot(w->m, w->o->xs, &snap1);
+        wk_drive_delta(&snap0, &snap1, o);
     }
     const void *frames[2] = {w->blocks + (size_t)f->n_blocks * TD, w->h};
     size_t sizes[2] = {sizeof(float) * o->n_snapshots * TD, sizeof(float) * TD};
@@ -634,6 +649,7 @@ k3_status wk_serve(k3_model *m, const wk_opts *o, volatile sig_atomic_t *stop, c
         wk_cleanup(&w);
         return st;
     }
+    if (o->xs) wk_xstripe_set_tick(o->xs, wk_xstripe_tick, &w, &w.cancel);
     K3_INFO("%s: serving layers [%d, %d) on %s%s (max %d sessions x %d tokens)", o->name, w.layer_a,
             w.layer_b, o->listen, o->curve ? " with CURVE" : "", o->max_sessions, o->max_ctx);
     while (!*stop && !w.shutdown) {

@@ -52,6 +52,9 @@ typedef struct wk_opts {
     char build[K3_PROTO_MAX_NAME]; /* k3_link_build(), or K3_WORKER_FAULT's build=ID (tests) */
     char dirs[K3_PROTO_MAX_NAME];  /* the shard directories (--dirs): the stripe */
     double start_ms;               /* k3_now_ms() at start: the uptime */
+    /* cross-worker striping (worker/xstripe.h), NULL = off */
+    struct wk_xstripe *xs; /* borrowed */
+    uint32_t xs_own;       /* the drives it serves */
 } wk_opts;
 
 /* ---- peer budgets and log rate (worker/budget.c) ---- */

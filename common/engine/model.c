@@ -38,16 +38,17 @@
 
 struct k3_model {
     k3_config cfg;
-    k3_model_opts opts;      /* copy; model_dir / dirs pointers not used after open */
-    st_index *idx;           /* owned */
-    char prefix[32];         /* "" or "language_model." */
-    int layer_a, layer_b;    /* [a, b) */
-    k3_layer_w *layers;      /* [b - a], owned */
-    k3_experts *experts;     /* owned; NULL when the range has no MoE layer */
-    k3_vk_tier *vk;          /* owned; NULL = no Vulkan tier (not asked, or it failed) */
-    k3_placement *placement; /* owned; NULL = experts read from the shards */
-    char *usage_path;        /* owned copy of opts.usage_path, NULL = no history */
-    k3_pool *pool;           /* owned; shared by every forward and head (pool.h turns) */
+    k3_model_opts opts;                 /* copy; model_dir / dirs pointers not used after open */
+    st_index *idx;                      /* owned */
+    char prefix[32];                    /* "" or "language_model." */
+    int layer_a, layer_b;               /* [a, b) */
+    k3_layer_w *layers;                 /* [b - a], owned */
+    k3_experts *experts;                /* owned; NULL when the range has no MoE layer */
+    k3_vk_tier *vk;                     /* owned; NULL = no Vulkan tier (not asked, or it failed) */
+    k3_placement *placement;            /* owned; NULL = experts read from the shards */
+    const struct k3_moe_remote *remote; /* borrowed, NULL = none */
+    char *usage_path;                   /* owned copy of opts.usage_path, NULL = no history */
+    k3_pool *pool;                      /* owned; shared by every forward and head (pool.h turns) */
     /* global tensors (want_global) */
     int has_global;
     const st_tensor *embed; /* [vocab][D] BF16/F16/F32, rows read on demand */
@@ -848,19 +849,25 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
                           opts->pipe,
                           opts->load_threads,
                           0,
-                          NULL};
+                          NULL,
+                          0};
+    /* cross-worker striping: the store spans every layer (its drives'
+     * experts of all MoE layers are served to the other stages) */
+    int ea = opts->expert_all_layers ? 0 : m->layer_a;
+    int eb = opts->expert_all_layers ? c->n_layers : m->layer_b;
     if (opts->placement && m->layer_a < m->layer_b) {
         st = k3_placement_load(&m->placement, opts->placement, err, errlen);
         if (st == K3_OK)
             st = k3_placement_check(m->placement, m->fingerprint, c->n_layers, c->n_experts,
-                                    c->is_moe, m->layer_a, m->layer_b, err, errlen);
+                                    c->is_moe, ea, eb, err, errlen);
         if (st != K3_OK) goto fail;
         eo.placement = m->placement;
+        eo.drive_mask = opts->expert_drive_mask;
         K3_INFO("experts: striped over %d drives by placement %s",
                 k3_placement_drives(m->placement), opts->placement);
     }
     if (m->layer_a < m->layer_b) {
-        st = k3_experts_open(&m->experts, m->idx, c, m->layer_a, m->layer_b, &eo, err, errlen);
+        st = k3_experts_open(&m->experts, m->idx, c, ea, eb, &eo, err, errlen);
         if (st != K3_OK) goto fail;
     }
 
@@ -881,6 +888,11 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
                     c->is_boundary[i] ? ", AttnRes snapshot" : "", (double)lb / 1e6,
                     k3_now_s() - tl);
     }
+    for (int i = ea; i < eb && st == K3_OK; i++) /* tables of the other layers' experts */
+        if (c->is_moe[i] && (i < m->layer_a || i >= m->layer_b)) {
+            int missing = 0;
+            st = k3_experts_load_layer(m->experts, m->prefix, i, &missing, err, errlen);
+        }
     if (st == K3_OK && opts->want_global) st = load_global(ld);
     free(ld);
     if (st == K3_OK && m->experts && opts->usage_path) st = usage_start(m, err, errlen);
@@ -934,6 +946,9 @@ void k3_model_range(const k3_model *m, int *a, int *b) {
 }
 
 k3_pool *k3_model_pool(k3_model *m) { return m->pool; }
+void k3_model_set_moe_remote(k3_model *m, const struct k3_moe_remote *r) { m->remote = r; }
+const struct k3_moe_remote *k3_model_moe_remote(const k3_model *m) { return m->remote; }
+const struct k3_placement *k3_model_placement(const k3_model *m) { return m->placement; }
 uint64_t k3_model_fingerprint(const k3_model *m) { return m->fingerprint; }
 size_t k3_model_resident_bytes(const k3_model *m) { return m->resident; }
 

@@ -39,38 +39,43 @@ typedef struct k3_model_opts {
     const char *model_dir;   /* config.json, tokenizer, index */
     const char *const *dirs; /* extra shard dirs (--dirs / K3_DIRS) */
     int n_dirs;
-    int layer_a, layer_b;   /* [a, b); b <= 0 means n_layers; a = n_layers with
-                               want_global: global tensors only (no layers) */
-    int want_global;        /* embedding, final norm, w_out, lm_head */
-    int max_layers;         /* K3_LAYERS truncation, 0 = all */
-    int bits;               /* K3_BITS (default 4; 32 = f32) */
-    int mla_bits;           /* K3_MLA_BITS (default 8) */
-    int head_bits;          /* K3_HEAD_BITS (default 8) */
-    int bits_explicit;      /* K3_BITS given explicitly (int8 container downcast) */
-    int idot;               /* K3_IDOT: 1 = int8-activation expert kernels */
-    int dense_idot;         /* K3_DENSE_IDOT: 1 = int8-activation kernels for the int8 /
-                               int4 dense matrices too (not MODEL.md 4.2's float activations) */
-    int threads;            /* compute threads (pool size), >= 1 */
-    double expert_gb;       /* K3_EXPERT_GB routed-expert cache budget */
-    int direct;             /* K3_DIRECT: O_DIRECT expert reads */
-    int pipe;               /* K3_PIPE: overlap expert loads with compute */
-    int load_threads;       /* K3_LOAD_THREADS */
-    double topp;            /* K3_TOPP: 0 = off */
-    const char *usage_path; /* K3_USAGE expert usage history, copied; NULL = none
-                               (the programs default it to <model_dir>/.k3_usage):
-                               loaded at open (a mismatched file fails the open),
-                               then the cache is warmed from it */
-    int usage_save;         /* K3_USAGE_SAVE: k3_model_usage_save writes the file */
-    int verbose;            /* per-layer load progress on stderr */
-    int mmap;               /* K3_MMAP: map the prepared U8 / F32 matrices of a repacked
-                               container read-only instead of copying them; a matrix that
-                               would need conversion is refused (docs/MODEL.md 2.3) */
-    const char *placement;  /* K3_PLACEMENT: expert placement file (expert striping,
-                               common/experts/placement.h), NULL = experts from the shards */
-    int vk;                 /* --vk: the Vulkan expert tier (docs/VULKAN.md); a device that
-                               cannot open is warned about and the CPU computes alone */
-    int vk_device;          /* --vk-device: physical device index */
-    double vk_gb;           /* --vk-gb: tier budget, 10^9 bytes; <= 0 = the device's heap */
+    int layer_a, layer_b;       /* [a, b); b <= 0 means n_layers; a = n_layers with
+                                   want_global: global tensors only (no layers) */
+    int want_global;            /* embedding, final norm, w_out, lm_head */
+    int max_layers;             /* K3_LAYERS truncation, 0 = all */
+    int bits;                   /* K3_BITS (default 4; 32 = f32) */
+    int mla_bits;               /* K3_MLA_BITS (default 8) */
+    int head_bits;              /* K3_HEAD_BITS (default 8) */
+    int bits_explicit;          /* K3_BITS given explicitly (int8 container downcast) */
+    int idot;                   /* K3_IDOT: 1 = int8-activation expert kernels */
+    int dense_idot;             /* K3_DENSE_IDOT: 1 = int8-activation kernels for the int8 /
+                                   int4 dense matrices too (not MODEL.md 4.2's float activations) */
+    int threads;                /* compute threads (pool size), >= 1 */
+    double expert_gb;           /* K3_EXPERT_GB routed-expert cache budget */
+    int direct;                 /* K3_DIRECT: O_DIRECT expert reads */
+    int pipe;                   /* K3_PIPE: overlap expert loads with compute */
+    int load_threads;           /* K3_LOAD_THREADS */
+    double topp;                /* K3_TOPP: 0 = off */
+    const char *usage_path;     /* K3_USAGE expert usage history, copied; NULL = none
+                                   (the programs default it to <model_dir>/.k3_usage):
+                                   loaded at open (a mismatched file fails the open),
+                                   then the cache is warmed from it */
+    int usage_save;             /* K3_USAGE_SAVE: k3_model_usage_save writes the file */
+    int verbose;                /* per-layer load progress on stderr */
+    int mmap;                   /* K3_MMAP: map the prepared U8 / F32 matrices of a repacked
+                                   container read-only instead of copying them; a matrix that
+                                   would need conversion is refused (docs/MODEL.md 2.3) */
+    const char *placement;      /* K3_PLACEMENT: expert placement file (expert striping,
+                                   common/experts/placement.h), NULL = experts from the shards */
+    int expert_all_layers;      /* cross-worker striping: the expert store covers every MoE
+                                   layer of the model, not only [layer_a, layer_b), so this
+                                   process serves its drives' experts of any layer */
+    uint32_t expert_drive_mask; /* with a placement: the drives this process reads (bit d),
+                                   0 = all (k3_experts_opts.drive_mask) */
+    int vk;                     /* --vk: the Vulkan expert tier (docs/VULKAN.md); a device that
+                                   cannot open is warned about and the CPU computes alone */
+    int vk_device;              /* --vk-device: physical device index */
+    double vk_gb;               /* --vk-gb: tier budget, 10^9 bytes; <= 0 = the device's heap */
 } k3_model_opts;
 
 /* Fills opts with the defaults of docs/INTERFACES.md 3 (bits 4/8/8, idot 1,
@@ -85,6 +90,13 @@ void k3_model_close(k3_model **m);
 
 const k3_config *k3_model_config(const k3_model *m);
 void k3_model_range(const k3_model *m, int *layer_a, int *layer_b);
+/* Experts on other workers' drives (common/layers/moe_remote.h): the
+ * stage's MoE layers call r for them. Set before the first step; borrowed.
+ * NULL = every expert is read here. */
+struct k3_moe_remote;
+void k3_model_set_moe_remote(k3_model *m, const struct k3_moe_remote *r);
+const struct k3_moe_remote *k3_model_moe_remote(const k3_model *m);
+const struct k3_placement *k3_model_placement(const k3_model *m);
 /* The compute pool every forward and head of the model runs its jobs on. */
 k3_pool *k3_model_pool(k3_model *m);
 /* The model fingerprint, the one HELLO compares: FNV-1a over the config

@@ -334,6 +334,7 @@ k3_status k3_stage_forward(k3_model *m, k3_state *s, int pos0, int T, float *blo
     r.lc.idot = k3_model_idot(m);
     r.lc.topp = k3_model_topp(m);
     r.lc.vk = k3_model_vk(m);
+    r.lc.remote = k3_model_moe_remote(m);
     r.s = s;
     r.pos0 = pos0;
     r.T = T;

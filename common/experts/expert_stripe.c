@@ -114,6 +114,13 @@ int k3_experts_drive_of(const k3_experts *s, int layer, int32_t e) {
     return L->loc[e].drive < 0 ? 0 : L->loc[e].drive;
 }
 
+int k3_experts_own(const k3_experts *s, int layer, int32_t e) {
+    if (!s->placement || !s->drive_mask) return 1;
+    exp_layer *L = exp_layer_of(s, layer);
+    if (!L || !L->loc || e < 0 || e >= s->cfg.n_experts || L->loc[e].drive < 0) return 1;
+    return (int)(s->drive_mask >> L->loc[e].drive & 1u);
+}
+
 void k3_experts_interleave(const k3_experts *s, int layer, int32_t *ids, int n) {
     int nd = k3_experts_drives(s);
     if (nd < 2 || n < 2) return;

@@ -272,7 +272,8 @@ k3_status k3_experts_warm(k3_experts *s, int *n_read, char *err, size_t errlen) 
         int n = 0;
         pthread_mutex_lock(&L->mu);
         for (int e = 0; e < s->cfg.n_experts; e++)
-            if (L->usage[e] && L->loc[e].present) h[n++] = (hot){L->usage[e], e};
+            if (L->usage[e] && L->loc[e].present && k3_experts_own(s, l, e))
+                h[n++] = (hot){L->usage[e], e};
         pthread_mutex_unlock(&L->mu);
         qsort(h, (size_t)n, sizeof *h, hot_cmp);
         int take = n < L->n_slots / 2 ? n : L->n_slots / 2;

@@ -134,6 +134,7 @@ k3_status k3_experts_open(k3_experts **out, st_index *idx, const k3_config *cfg,
     s->direct = opts->direct;
     s->pipe = opts->pipe;
     s->placement = opts->placement;
+    s->drive_mask = opts->drive_mask;
     pthread_mutex_init(&s->stats_mu, NULL);
     s->layers = k3_xcalloc((size_t)(layer_b - layer_a), sizeof *s->layers);
     for (int i = layer_a; i < layer_b; i++) {
@@ -294,7 +295,8 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
         if (st != K3_OK) break;
         /* striped: read from the placement drive's copies of the same shards */
         loc->drive = s->placement ? (int16_t)k3_placement_drive_of(s->placement, layer, e) : -1;
-        for (int p = 0; p < K3_EXP_PARTS && loc->drive >= 0 && st == K3_OK; p++)
+        int own = loc->drive < 0 || !s->drive_mask || (s->drive_mask >> loc->drive & 1u);
+        for (int p = 0; p < K3_EXP_PARTS && loc->drive >= 0 && own && st == K3_OK; p++)
             st = exp_stripe_open(s, loc->drive, loc->shard[p], layer, e, err, errlen);
         if (st != K3_OK) break;
         /* contiguous in slot order within one shard: one read per expert */

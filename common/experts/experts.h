@@ -71,6 +71,9 @@ typedef struct k3_experts_opts {
     const struct k3_placement *placement; /* expert striping (common/experts/placement.h),
                                              borrowed, checked by the caller; NULL = the
                                              experts are read from the checkpoint's shards */
+    uint32_t drive_mask; /* with a placement: bit d set = this process reads drive d's
+                            experts (opens its files); the others are another worker's
+                            (common/layers/moe_remote.h) and never read here; 0 = all */
 } k3_experts_opts;
 
 /* Opens an empty store for layers [layer_a, layer_b) of cfg (copied). Tables
@@ -105,6 +108,9 @@ int k3_experts_disk_order(const k3_experts *s, int layer, const uint8_t *selecte
 
 /* Placement drive of expert e of layer (0 without a placement). */
 int k3_experts_drive_of(const k3_experts *s, int layer, int32_t e);
+/* 1 when this store reads expert e of layer itself (no placement, no
+ * drive mask, or its drive is in the mask). */
+int k3_experts_own(const k3_experts *s, int layer, int32_t e);
 /* Drives the store reads from: the placement's, 1 without one. */
 int k3_experts_drives(const k3_experts *s);
 /* Reorders ids [n] so that consecutive ones are on different drives where

@@ -131,6 +131,7 @@ struct k3_experts {
     int n_queues;
     /* expert striping (expert_stripe.c): borrowed placement, NULL = none */
     const struct k3_placement *placement;
+    uint32_t drive_mask;               /* k3_experts_opts.drive_mask: drives read here, 0 = all */
     exp_drive drives[K3_MAX_DIRS];     /* [placement drives] */
     uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes read per queue (stats_mu) */
 };

@@ -105,11 +105,13 @@ typedef struct k3_mla_cache {
 
 typedef struct k3_layer_ctx {
     const k3_config *cfg;
-    k3_pool *pool;         /* matmul and per-head parallelism, may be NULL */
-    k3_experts *experts;   /* routed expert store (MoE layers) */
-    int idot;              /* 1 = int8-activation expert kernels (K3_IDOT) */
-    double topp;           /* K3_TOPP routed-expert pruning, 0 = off */
-    struct k3_vk_tier *vk; /* Vulkan expert tier (common/vk/vk_tier.h), NULL = none */
+    k3_pool *pool;                      /* matmul and per-head parallelism, may be NULL */
+    k3_experts *experts;                /* routed expert store (MoE layers) */
+    int idot;                           /* 1 = int8-activation expert kernels (K3_IDOT) */
+    double topp;                        /* K3_TOPP routed-expert pruning, 0 = off */
+    const struct k3_moe_remote *remote; /* experts on another worker's drive
+                                           (common/layers/moe_remote.h), NULL = none */
+    struct k3_vk_tier *vk;              /* Vulkan expert tier (common/vk/vk_tier.h), NULL = none */
 } k3_layer_ctx;
 
 /* ---- attnres.c (docs/MODEL.md 3.3) ---- */

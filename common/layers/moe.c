@@ -13,6 +13,12 @@
  * makes chunked prefill bit-identical to token-at-a-time, and the result
  * independent of the cache. Cost: [T][topk][latent] floats of scratch.
  *
+ * Cross-worker striping (lc->remote, common/layers/moe_remote.h): the
+ * experts on another worker's drive leave the batch; once z is known they
+ * go out as calls (rows per expert, ascending), the shared and local
+ * experts compute meanwhile, and the answers land in the same
+ * (position, selection) rows, so the id-order sum below is unchanged.
+ *
  * Overlap: the batch is opened right after the router, so the first
  * window of expert reads runs under the latent down projection and the
  * shared experts. Nothing earlier can be read: the next MoE layer's
@@ -33,6 +39,7 @@
 #include "common/base/log.h"
 #include "common/layers/layers.h"
 #include "common/vk/vk_tier.h"
+#include "common/layers/moe_remote.h"
 
 /* ---- router ---- */
 
@@ -200,12 +207,16 @@ size_t k3_moe_scratch_bytes(const k3_config *c, int T) {
            + 2 * k3_arena_round(sizeof(float) * t * Lt)                           /* zg, y */
            + k3_arena_round(t * Lt) + k3_arena_round(sizeof(float) * t * Lt / 32) /* zqg zsg */
            + expert_scratch_bytes(c, T) + k3_arena_round(sizeof(int32_t) * E)     /* run order */
-           + k3_arena_round(E)                          /* cached snapshot */
-           + k3_arena_round(sizeof(int) * t)            /* gathered selection index */
-           + k3_arena_round(sizeof(float) * t * K * Lt) /* expert outputs per selection */
-           + 2 * k3_arena_round(sizeof(float) * t * S)  /* shared g, u */
-           + k3_arena_round(sizeof(float) * t * D)      /* shared out */
-           + k3_arena_round(sizeof(int32_t) * E);       /* Vulkan tier: ids to redo */
+           + k3_arena_round(E)                           /* cached snapshot */
+           + k3_arena_round(sizeof(int) * t)             /* gathered selection index */
+           + k3_arena_round(sizeof(float) * t * K * Lt)  /* expert outputs per selection */
+           + 2 * k3_arena_round(sizeof(float) * t * S)   /* shared g, u */
+           + k3_arena_round(sizeof(float) * t * D)       /* shared out */
+           + k3_arena_round(sizeof(int32_t) * E)         /* Vulkan tier: ids to redo */
+           + k3_arena_round(sizeof(int32_t) * E)         /* remote experts */
+           + k3_arena_round(sizeof(int) * (E + 1))       /* their row offsets */
+           + 2 * k3_arena_round(sizeof(int) * t * K)     /* their rows, selection index */
+           + k3_arena_round(sizeof(float) * t * K * Lt); /* their outputs */
 }
 
 k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, const float *x,
@@ -231,6 +242,20 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     }
     int32_t *order = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);
     int n_union = k3_experts_disk_order(lc->experts, layer, in_union, order);
+    /* experts on another worker's drive (common/layers/moe_remote.h) leave
+     * the local batch: they are called below, once z is known, in id order */
+    const k3_moe_remote *rm = lc->remote;
+    int32_t *rem = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E); /* [n_rem] ascending ids */
+    int n_rem = 0;
+    if (rm) {
+        for (int e = 0; e < E; e++)
+            if (in_union[e] && rm->is_remote(rm->ctx, layer, e)) rem[n_rem++] = e;
+        int kept = 0;
+        for (int i = 0; i < n_union; i++)
+            if (!rm->is_remote(rm->ctx, layer, order[i])) order[kept++] = order[i];
+        n_union = kept;
+    }
+
     /* the Vulkan tier takes the experts resident on its device (docs/VULKAN.md) */
     k3_vk_job *vj = lc->vk ? k3_vk_tier_claim(lc->vk, layer, order, &n_union) : NULL;
 
@@ -274,6 +299,30 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
     float *ysel = K3_ARENA_F(ar, (size_t)T * K * LT); /* [T][topk][latent] */
     if (vj) k3_vk_tier_start(lc->vk, vj, z, sel, n_sel, T, K, ysel);
 
+    /* the remote experts' calls go out now and compute on their workers
+     * while the shared and the local experts compute here: per expert the
+     * rows that chose it, ascending (the rows the local loop would give) */
+    int *roff = k3_arena_alloc(ar, sizeof(int) * (size_t)(E + 1));
+    int *rrow = k3_arena_alloc(ar, sizeof(int) * (size_t)T * K); /* [R] row of pair */
+    int *rk = k3_arena_alloc(ar, sizeof(int) * (size_t)T * K);   /* [R] selection index */
+    float *ry = K3_ARENA_F(ar, (size_t)T * K * LT);              /* [R][latent] outputs */
+    if (n_rem > 0) {
+        int R = 0;
+        for (int i = 0; i < n_rem; i++) {
+            roff[i] = R;
+            for (int t = 0; t < T; t++)
+                for (int k = 0; k < n_sel[t]; k++)
+                    if (sel[(size_t)t * K + k] == rem[i]) rrow[R] = t, rk[R] = k, R++;
+        }
+        roff[n_rem] = R;
+        st = rm->start(rm->ctx, layer, z, T, LT, rem, n_rem, roff, rrow, err, errlen);
+        if (st != K3_OK) {
+            k3_experts_batch_close(&batch);
+            if (vj) k3_vk_tier_finish(lc->vk, &vj, 0.0, order); /* waits, unpins */
+            return st;
+        }
+    }
+
     /* shared experts on the same x, computed now (under the reads) and
      * added unweighted at the very end, so the sum is the same as when
      * they ran last (docs/MODEL.md 3.6: out = W_up U + y_shared) */
@@ -311,54 +360,64 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
             if (st == K3_OK) st = cpu_experts(lc, batch, redo, n_redo, &mr, ar, err, errlen);
             k3_experts_batch_close(&batch);
         }
-    }
-    if (st != K3_OK) return st;
-    k3_vk_tier_offer(lc->vk, layer, run, n_run); /* promotion candidates */
-
-    /* U[t] += w_e y_e over t's experts in expert id order, whatever order
-     * they ran in, so the bits depend neither on the cache nor on the chunk,
-     * nor on where the bytes lie (a repacked container or a placement over
-     * several drives reorders the files, not the sums) */
-    for (int t = 0; t < T; t++) {
-        int ks[K3_MAX_TOPK];
-        int m = n_sel[t];
-        for (int k = 0; k < m; k++) { /* insertion sort by expert id (m <= topk) */
-            int j = k;
-            while (j > 0 && sel[(size_t)t * K + ks[j - 1]] > sel[(size_t)t * K + k]) {
-                ks[j] = ks[j - 1];
-                j--;
+        if (n_rem > 0) {
+            if (st != K3_OK) {
+                rm->abort(rm->ctx);
+                return st;
             }
-            ks[j] = k;
+            st = rm->finish(rm->ctx, ry, err, errlen);
+            if (st != K3_OK) return st;
+            for (int j = 0; j < roff[n_rem]; j++)
+                memcpy(ysel + ((size_t)rrow[j] * K + (size_t)rk[j]) * LT, ry + (size_t)j * LT,
+                       sizeof(float) * (size_t)LT);
         }
-        float *u = U + (size_t)t * LT;
-        for (int q = 0; q < m; q++) {
-            const float *yr = ysel + ((size_t)t * K + (size_t)ks[q]) * LT;
-            const float we = sel_w[(size_t)t * K + ks[q]];
-            for (int j = 0; j < LT; j++) u[j] = u[j] + we * yr[j];
+        if (st != K3_OK) return st;
+        k3_vk_tier_offer(lc->vk, layer, run, n_run); /* promotion candidates */
+
+        /* U[t] += w_e y_e over t's experts in expert id order, whatever order
+         * they ran in, so the bits depend neither on the cache nor on the chunk,
+         * nor on where the bytes lie (a repacked container or a placement over
+         * several drives reorders the files, not the sums) */
+        for (int t = 0; t < T; t++) {
+            int ks[K3_MAX_TOPK];
+            int m = n_sel[t];
+            for (int k = 0; k < m; k++) { /* insertion sort by expert id (m <= topk) */
+                int j = k;
+                while (j > 0 && sel[(size_t)t * K + ks[j - 1]] > sel[(size_t)t * K + k]) {
+                    ks[j] = ks[j - 1];
+                    j--;
+                }
+                ks[j] = k;
+            }
+            float *u = U + (size_t)t * LT;
+            for (int q = 0; q < m; q++) {
+                const float *yr = ysel + ((size_t)t * K + (size_t)ks[q]) * LT;
+                const float we = sel_w[(size_t)t * K + ks[q]];
+                for (int j = 0; j < LT; j++) u[j] = u[j] + we * yr[j];
+            }
         }
+
+        /* RMSNorm of the aggregate, then back to D: out = W_up U, + y_shared */
+        for (int t = 0; t < T; t++)
+            k3_rmsnorm(U + (size_t)t * LT, U + (size_t)t * LT, w->lat_norm, LT, cfg->eps);
+        k3_qmat_matmul(&w->lat_up, U, T, out, pool);
+        for (size_t i = 0; i < (size_t)T * D; i++) out[i] = out[i] + ys[i];
+        return K3_OK;
     }
 
-    /* RMSNorm of the aggregate, then back to D: out = W_up U, + y_shared */
-    for (int t = 0; t < T; t++)
-        k3_rmsnorm(U + (size_t)t * LT, U + (size_t)t * LT, w->lat_norm, LT, cfg->eps);
-    k3_qmat_matmul(&w->lat_up, U, T, out, pool);
-    for (size_t i = 0; i < (size_t)T * D; i++) out[i] = out[i] + ys[i];
-    return K3_OK;
-}
+    /* ---- dense MLP (layers < first_k_dense_replace) ---- */
 
-/* ---- dense MLP (layers < first_k_dense_replace) ---- */
+    size_t k3_dense_scratch_bytes(const k3_config *c, int T) {
+        return 2 * k3_arena_round(sizeof(float) * (size_t)T * (size_t)c->dense_inter);
+    }
 
-size_t k3_dense_scratch_bytes(const k3_config *c, int T) {
-    return 2 * k3_arena_round(sizeof(float) * (size_t)T * (size_t)c->dense_inter);
-}
-
-void k3_dense_forward(const k3_layer_ctx *lc, const k3_dense_w *w, const float *x, int T,
-                      float *out, k3_arena *ar) {
-    int I = lc->cfg->dense_inter;
-    float *g = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_gate x */
-    float *u = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_up x */
-    k3_qmat_matmul(&w->gate, x, T, g, lc->pool);
-    k3_qmat_matmul(&w->up, x, T, u, lc->pool);
-    k3_situ(g, g, u, T * I, lc->cfg->situ_b1, lc->cfg->situ_b2);
-    k3_qmat_matmul(&w->down, g, T, out, lc->pool); /* out: [T][D] */
-}
+    void k3_dense_forward(const k3_layer_ctx *lc, const k3_dense_w *w, const float *x, int T,
+                          float *out, k3_arena *ar) {
+        int I = lc->cfg->dense_inter;
+        float *g = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_gate x */
+        float *u = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_up x */
+        k3_qmat_matmul(&w->gate, x, T, g, lc->pool);
+        k3_qmat_matmul(&w->up, x, T, u, lc->pool);
+        k3_situ(g, g, u, T * I, lc->cfg->situ_b1, lc->cfg->situ_b2);
+        k3_qmat_matmul(&w->down, g, T, out, lc->pool); /* out: [T][D] */
+    }

@@ -38,8 +38,16 @@
 # every MoE layer's experts over the N drives (sparse copies), the workers
 # (same layer split) read them with --placement, one read queue per drive,
 # all in one cgroup that throttles each of the N devices; dense weights come
-# from the checkpoint (read at load, unthrottled). Default: both, each N run
-# unstriped then striped, so the pairs are measured side by side.
+# from the checkpoint (read at load, unthrottled).
+# STRIPE=2: cross-worker striping (worker/xstripe.h): the same placement and
+# layer split, but worker i reads only drive i (its own cgroup throttles its
+# own device, as on separate hosts) and serves drive i's experts of every
+# MoE layer to the other stages (EXPERT_CALL over ipc); its expert budget
+# spans every MoE layer, XSLOTS (default max(1, SLOTS / N)) slots per
+# layer, so the N workers together hold about SLOTS per layer like the
+# other modes.
+# Default (STRIPE=all): each N run unstriped, striped and cross-worker
+# striped, so the three are measured side by side; STRIPE=both = 0 and 1.
 # Everything made here (loop devices, mounts, cgroups, /dev/shm files,
 # worker processes) is removed on exit, failure or interrupt.
 set -euo pipefail
@@ -61,8 +69,8 @@ CACHE_PER=${CACHE_PER:-layer} # layer | worker (see above)
 # oversubscribe the cores when N > cores); split = cores / N (at least 1),
 # as workers on their own NUMA nodes or hosts would have
 WORKER_THREADS=${WORKER_THREADS:-all}
-STRIPE=${STRIPE:-both} # 0 = per-worker drives, 1 = experts striped over all drives, both
-case $STRIPE in 0) MODES=0 ;; 1) MODES=1 ;; both) MODES="0 1" ;; *) echo "bench-drives: STRIPE=$STRIPE: 0, 1 or both" >&2; exit 2 ;; esac
+STRIPE=${STRIPE:-all} # 0 = per-worker drives, 1 = striped over all drives, 2 = cross-worker, both = 0 1, all = 0 1 2
+case $STRIPE in 0) MODES=0 ;; 1) MODES=1 ;; 2) MODES=2 ;; both) MODES="0 1" ;; all) MODES="0 1 2" ;; *) echo "bench-drives: STRIPE=$STRIPE: 0, 1, 2, both or all" >&2; exit 2 ;; esac
 case $WORKER_THREADS in all | split) ;; *) echo "bench-drives: WORKER_THREADS=$WORKER_THREADS: all or split" >&2; exit 2 ;; esac
 case $CACHE_PER in layer | worker) ;; *) echo "bench-drives: CACHE_PER=$CACHE_PER: layer or worker" >&2; exit 2 ;; esac
 LOAD_TIMEOUT=${LOAD_TIMEOUT:-600} # s for the workers to load
@@ -231,6 +239,7 @@ plan_for() {
 run_n() {
     local N=$1 M=${2:-0} i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
     [ "$M" = 1 ] && { run_striped "$N"; return; }
+    [ "$M" = 2 ] && { run_striped "$N" x; return; }
     local wthreads
     plan_for "$N" || return 1
     echo
@@ -313,11 +322,15 @@ drive() {
 # N workers (same layer split and budgets) read all drives, in one cgroup
 # throttling each device to DRIVE_MBPS.
 run_striped() {
-    local N=$1 i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" dlist=""
+    local N=$1 X=${2:-} i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" dlist=""
     local wthreads
     plan_for "$N" || return 1
     echo
-    echo "=== $N worker(s), $N drive(s), STRIPE=1 (every MoE layer's experts striped over all drives) ==="
+    if [ -n "$X" ]; then
+        echo "=== $N worker(s), $N drive(s), STRIPE=2 (striped; worker i reads drive i only and serves it to the others) ==="
+    else
+        echo "=== $N worker(s), $N drive(s), STRIPE=1 (every MoE layer's experts striped over all drives) ==="
+    fi
     local t_setup; t_setup=$(date +%s)
     mkdir -p "$T/smodel"
     for f in "$SLICE"/*; do [ -e "$T/smodel/$(basename "$f")" ] || ln -s "$f" "$T/smodel/"; done
@@ -336,6 +349,7 @@ run_striped() {
     "$BUILD/k3-coordinator" place --model "$T/smodel" --drives "$dlist" --usage off \
         --out "$T/placement.json" 2>&1 | tail -$((N + 1)) | sed 's/^/  /' || return 1
     [ -s "$T/placement.json" ] || { echo "bench-drives: place failed"; return 1; }
+    [ -n "$X" ] && { run_xworkers "$N" "$devs"; return; }
     cg=$CG/$TAG.stripe
     mkdir "$cg"
     CGS+=("$cg")
@@ -370,12 +384,60 @@ run_striped() {
     drive "$N.1" "$T/smodel" "$eps" "$devs" "$pids"
 }
 
+# STRIPE=2 after run_striped made the drives and the placement: worker i
+# in its own cgroup throttling drive i, --stripe-drives i, the others as
+# peers.
+run_xworkers() {
+    local N=$1 devs=$2 i j a b nmoe gb size shards eps="" pids="" peers cg majmin loop rate
+    local per_layer nmoe_all slots_x
+    nmoe_all=$(echo "$plan" | awk '{s += $4} END {print s}')
+    slots_x=${XSLOTS:-$((SLOTS / N))}; [ "$slots_x" -ge 1 ] || slots_x=1
+    # GiB per slot-layer from worker 0's CACHE_PER=layer figure
+    per_layer=$(echo "$plan" | head -1 | awk -v s="$SLOTS" -v w="$CACHE_PER" -v n="$nmoe_all" \
+        '{printf "%.6f", $5 / (w == "worker" ? n : $4) / s}')
+    gb=$(awk -v p="$per_layer" -v n="$nmoe_all" -v k="$slots_x" 'BEGIN {printf "%.4f", p * n * k}')
+    while read -r i a b nmoe _ size shards; do
+        rm -f "$T/w$i.sock" "$T/x$i.sock"
+        peers=""
+        for j in $(seq 0 $((N - 1))); do
+            [ "$j" = "$i" ] || peers+="${peers:+,}$j=ipc://$T/x$j.sock"
+        done
+        cg=$CG/$TAG.x$i
+        mkdir "$cg"
+        CGS+=("$cg")
+        sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
+            "$BUILD/k3-worker" --model "$T/smodel" --placement "$T/placement.json" --layers "$a-$b" \
+            --listen "ipc://$T/w$i.sock" --expert-gb "$gb" --usage off --no-bench --threads "$wthreads" \
+            --stripe-drives "$i" --expert-listen "ipc://$T/x$i.sock" --stripe-peers "$peers" \
+            --name "xstripe$i" >"$T/w$i.log" 2>&1 &
+        PIDS+=($!)
+        echo "  worker $i: layers [$a, $b) ($nmoe MoE), reads drive $i only (every MoE layer's share), serves it to the others;" \
+             "expert budget $gb GiB ($slots_x slots x $nmoe_all MoE layers), pid ${PIDS[-1]}"
+        eps+="${eps:+,}ipc://$T/w$i.sock" pids+="${pids:+,}${PIDS[-1]}"
+    done <<<"$plan"
+    local t0; t0=$(date +%s)
+    wait_loaded "$N" || return 1
+    echo "  workers loaded in $(($(date +%s) - t0)) s (unthrottled); throttle on (worker i's group, drive i):"
+    for i in $(seq 0 $((N - 1))); do
+        loop=${LOOPS[$i]}
+        majmin=$(lsblk -dno MAJ:MIN "$loop" | tr -d ' ')
+        cg=$CG/$TAG.x$i
+        echo "$majmin $((DRIVE_MBPS * 1000000))" >"$cg/blkio.throttle.read_bps_device"
+        rate=$(sh -c 'echo $$ > "$1/cgroup.procs" && exec dd if="$2" of=/dev/null bs=16M count="$3" iflag=direct' \
+                  sh "$cg" "$loop" $((DRIVE_MBPS * 3 / 32 + 1)) 2>&1 | tail -1 | sed 's/.*, //')
+        echo "    drive $i ($(basename "$loop"), $majmin): limit $DRIVE_MBPS MB/s, dd O_DIRECT in its group: $rate"
+    done
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    drive "$N.2" "$T/smodel" "$eps" "$devs" "$pids"
+}
+
 for n in $NS; do
     for m in $MODES; do
         # one drive striped is the unstriped layout (it holds every expert):
         # with both modes the 1-drive figures are measured once, as STRIPE=0
-        if [ "$n" = 1 ] && [ "$m" = 1 ] && [ "$STRIPE" = both ]; then
-            cp "$T/out1.0" "$T/out1.1"
+        if [ "$n" = 1 ] && [ "$m" != 0 ] && [ -f "$T/out1.0" ]; then
+            cp "$T/out1.0" "$T/out1.$m"
             continue
         fi
         run_n "$n" "$m" || exit 1
@@ -418,7 +480,8 @@ for m in $MODES; do
     for n in $NS; do
         echo "    $n drives, STRIPE=$m: $(field "$n.$m" prefill drive_gbps) | $(field "$n.$m" decode1 drive_gbps) | $(field "$n.$m" decodeN drive_gbps);" \
              "share $(field "$n.$m" prefill busiest_share) | $(field "$n.$m" decode1 busiest_share) | $(field "$n.$m" decodeN busiest_share);" \
-             "wait ms/layer $(field "$n.$m" prefill wait_ms_per_layer) | $(field "$n.$m" decode1 wait_ms_per_layer) | $(field "$n.$m" decodeN wait_ms_per_layer)"
+             "wait ms/layer $(field "$n.$m" prefill wait_ms_per_layer) | $(field "$n.$m" decode1 wait_ms_per_layer) | $(field "$n.$m" decodeN wait_ms_per_layer)"\
+             "(on stripe peers $(field "$n.$m" prefill peer_wait_ms_per_layer) | $(field "$n.$m" decode1 peer_wait_ms_per_layer) | $(field "$n.$m" decodeN peer_wait_ms_per_layer))"
     done
 done
 echo "bench-drives: done in $(($(date +%s) - t_all)) s"

@@ -152,7 +152,7 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
     }
     printf("\n");
     char gbps_list[512] = "";
-    double max_util = 0, sum_util = 0, occ_sum = 0, read_sum = 0, occ_max = 0;
+    double max_util = 0, sum_util = 0, occ_sum = 0, read_sum = 0, occ_max = 0, gather_sum = 0;
     double floor_s = 0; /* the busiest drive's bytes at its throttle: the time reads alone need */
     size_t used = 0;
     for (int i = 0; i < g_o.n_drives; i++) {
@@ -197,6 +197,7 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
         double occ = y->occupied_ms - x->occupied_ms;
         occ_sum += occ;
         read_sum += y->read_ms - x->read_ms;
+        gather_sum += y->gather_ms - x->gather_ms; /* waits on stripe peers (STRIPE=2) */
         if (occ > occ_max) occ_max = occ;
         printf("  stage %d layers [%d, %d): %llu steps, compute %.2f s, expert-read wait %.2f s, "
                "occupied %.2f s (%.0f %% of wall), %.3f GB experts read, %llu hit / %llu miss",
@@ -219,7 +220,8 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
      * both. "+idle" when even the busiest stage sat idle over 30 % of the
      * wall time: a single stream visits the stages in turn, or the
      * pipeline was filling and draining. */
-    double io_share = occ_sum > 0 ? read_sum / occ_sum : 0;
+    /* a wait on a stripe peer is that peer's drive reading (STRIPE=2) */
+    double io_share = occ_sum > 0 ? (read_sum + gather_sum) / occ_sum : 0;
     const char *what;
     if (io_share >= 0.60)
         what = "drives";
@@ -241,15 +243,17 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
     if (floor_s > 0)
         printf("  drive floor: %.2f s (the busiest drive's bytes at %.0f MB/s) = %.0f %% of wall\n",
                floor_s, g_o.drive_mbps, floor_s * 100 / wall_s);
-    double wait_layer = layer_steps > 0 ? read_sum / layer_steps : 0;
-    printf("  expert-read (gather) wait: %.1f ms per MoE layer step (%.0f layer steps)\n",
-           wait_layer, layer_steps);
+    double wait_layer = layer_steps > 0 ? (read_sum + gather_sum) / layer_steps : 0;
+    double gather_layer = layer_steps > 0 ? gather_sum / layer_steps : 0;
+    printf("  expert-read (gather) wait: %.1f ms per MoE layer step (%.0f layer steps), of which "
+           "%.1f ms waiting on stripe peers' expert calls\n",
+           wait_layer, layer_steps, gather_layer);
     printf("result %s value=%.4f unit=%s wall_s=%.3f drive_gbps=%s cpu_pct=%.1f host_pct=%.1f "
            "drive_util_pct=%.0f io_share_pct=%.0f floor_s=%.3f bound=%s busiest_share=%.3f "
-           "wait_ms_per_layer=%.1f\n",
+           "wait_ms_per_layer=%.1f peer_wait_ms_per_layer=%.1f\n",
            phase, value, per_token_ms ? "ms/token" : "tok/s", wall_s,
            gbps_list[0] ? gbps_list : "-", cpu_pct, host_pct, max_util * 100, io_share * 100,
-           floor_s, bound, busiest_share, wait_layer);
+           floor_s, bound, busiest_share, wait_layer, gather_layer);
     fflush(stdout);
 }
 

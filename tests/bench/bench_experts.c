@@ -106,7 +106,7 @@ static int pure_reads(k3_experts *s, const k3_config *cfg, double *ms_per_layer,
  * time does not depend on their values). */
 static int profile(k3_model *m, const k3_config *c, double *ms, int *n_layers) {
     int D = c->hidden, LT = c->latent, S = c->shared_inter;
-    k3_layer_ctx lc = {c, k3_model_pool(m), k3_model_experts(m), k3_model_idot(m), 0.0, NULL};
+    k3_layer_ctx lc = {c, k3_model_pool(m), k3_model_experts(m), k3_model_idot(m), 0.0, NULL, NULL};
     size_t cap = k3_kda_scratch_bytes(c, 1) + k3_mla_scratch_bytes(c, 1, 64) +
                  k3_moe_scratch_bytes(c, 1) + (1u << 20);
     k3_arena ar = {malloc(cap), cap, 0};

@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
     c.hidden = hidden;
     const int D = c.hidden, P = c.kda_proj, H = c.kda_heads, d = c.kda_hd, Tp = 32;
     const int reps_d = quick ? 5 : 20, reps_p = quick ? 2 : 5;
-    k3_layer_ctx lc = {&c, pool, NULL, 0, 0, NULL};
+    k3_layer_ctx lc = {&c, pool, NULL, 0, 0, NULL, NULL};
     float *x = fvec((size_t)Tp * D, 1.0f), *out = fvec((size_t)Tp * D, 1.0f);
     float *tmp = fvec((size_t)Tp * 24576, 1.0f), *tmp2 = fvec((size_t)Tp * 24576, 1.0f);
     printf("# bench_layers: isa %s, %d thread(s), K3 heads (KDA 96x128 int4, MLA 96 heads "
