@@ -360,64 +360,65 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
             if (st == K3_OK) st = cpu_experts(lc, batch, redo, n_redo, &mr, ar, err, errlen);
             k3_experts_batch_close(&batch);
         }
-        if (n_rem > 0) {
-            if (st != K3_OK) {
-                rm->abort(rm->ctx);
-                return st;
-            }
-            st = rm->finish(rm->ctx, ry, err, errlen);
-            if (st != K3_OK) return st;
-            for (int j = 0; j < roff[n_rem]; j++)
-                memcpy(ysel + ((size_t)rrow[j] * K + (size_t)rk[j]) * LT, ry + (size_t)j * LT,
-                       sizeof(float) * (size_t)LT);
+    }
+    if (n_rem > 0) {
+        if (st != K3_OK) {
+            rm->abort(rm->ctx);
+            return st;
         }
+        st = rm->finish(rm->ctx, ry, err, errlen);
         if (st != K3_OK) return st;
-        k3_vk_tier_offer(lc->vk, layer, run, n_run); /* promotion candidates */
+        for (int j = 0; j < roff[n_rem]; j++)
+            memcpy(ysel + ((size_t)rrow[j] * K + (size_t)rk[j]) * LT, ry + (size_t)j * LT,
+                   sizeof(float) * (size_t)LT);
+    }
+    if (st != K3_OK) return st;
+    k3_vk_tier_offer(lc->vk, layer, run, n_run); /* promotion candidates */
 
-        /* U[t] += w_e y_e over t's experts in expert id order, whatever order
-         * they ran in, so the bits depend neither on the cache nor on the chunk,
-         * nor on where the bytes lie (a repacked container or a placement over
-         * several drives reorders the files, not the sums) */
-        for (int t = 0; t < T; t++) {
-            int ks[K3_MAX_TOPK];
-            int m = n_sel[t];
-            for (int k = 0; k < m; k++) { /* insertion sort by expert id (m <= topk) */
-                int j = k;
-                while (j > 0 && sel[(size_t)t * K + ks[j - 1]] > sel[(size_t)t * K + k]) {
-                    ks[j] = ks[j - 1];
-                    j--;
-                }
-                ks[j] = k;
+    /* U[t] += w_e y_e over t's experts in expert id order, whatever order
+     * they ran in, so the bits depend neither on the cache nor on the chunk,
+     * nor on where the bytes lie (a repacked container or a placement over
+     * several drives reorders the files, not the sums) */
+    for (int t = 0; t < T; t++) {
+        int ks[K3_MAX_TOPK];
+        int m = n_sel[t];
+        for (int k = 0; k < m; k++) { /* insertion sort by expert id (m <= topk) */
+            int j = k;
+            while (j > 0 && sel[(size_t)t * K + ks[j - 1]] > sel[(size_t)t * K + k]) {
+                ks[j] = ks[j - 1];
+                j--;
             }
-            float *u = U + (size_t)t * LT;
-            for (int q = 0; q < m; q++) {
-                const float *yr = ysel + ((size_t)t * K + (size_t)ks[q]) * LT;
-                const float we = sel_w[(size_t)t * K + ks[q]];
-                for (int j = 0; j < LT; j++) u[j] = u[j] + we * yr[j];
-            }
+            ks[j] = k;
         }
-
-        /* RMSNorm of the aggregate, then back to D: out = W_up U, + y_shared */
-        for (int t = 0; t < T; t++)
-            k3_rmsnorm(U + (size_t)t * LT, U + (size_t)t * LT, w->lat_norm, LT, cfg->eps);
-        k3_qmat_matmul(&w->lat_up, U, T, out, pool);
-        for (size_t i = 0; i < (size_t)T * D; i++) out[i] = out[i] + ys[i];
-        return K3_OK;
+        float *u = U + (size_t)t * LT;
+        for (int q = 0; q < m; q++) {
+            const float *yr = ysel + ((size_t)t * K + (size_t)ks[q]) * LT;
+            const float we = sel_w[(size_t)t * K + ks[q]];
+            for (int j = 0; j < LT; j++) u[j] = u[j] + we * yr[j];
+        }
     }
 
-    /* ---- dense MLP (layers < first_k_dense_replace) ---- */
+    /* RMSNorm of the aggregate, then back to D: out = W_up U, + y_shared */
+    for (int t = 0; t < T; t++)
+        k3_rmsnorm(U + (size_t)t * LT, U + (size_t)t * LT, w->lat_norm, LT, cfg->eps);
+    k3_qmat_matmul(&w->lat_up, U, T, out, pool);
+    for (size_t i = 0; i < (size_t)T * D; i++) out[i] = out[i] + ys[i];
+    return K3_OK;
+}
 
-    size_t k3_dense_scratch_bytes(const k3_config *c, int T) {
-        return 2 * k3_arena_round(sizeof(float) * (size_t)T * (size_t)c->dense_inter);
-    }
+/* ---- dense MLP (layers < first_k_dense_replace) ---- */
 
-    void k3_dense_forward(const k3_layer_ctx *lc, const k3_dense_w *w, const float *x, int T,
-                          float *out, k3_arena *ar) {
-        int I = lc->cfg->dense_inter;
-        float *g = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_gate x */
-        float *u = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_up x */
-        k3_qmat_matmul(&w->gate, x, T, g, lc->pool);
-        k3_qmat_matmul(&w->up, x, T, u, lc->pool);
-        k3_situ(g, g, u, T * I, lc->cfg->situ_b1, lc->cfg->situ_b2);
-        k3_qmat_matmul(&w->down, g, T, out, lc->pool); /* out: [T][D] */
-    }
+size_t k3_dense_scratch_bytes(const k3_config *c, int T) {
+    return 2 * k3_arena_round(sizeof(float) * (size_t)T * (size_t)c->dense_inter);
+}
+
+void k3_dense_forward(const k3_layer_ctx *lc, const k3_dense_w *w, const float *x, int T,
+                      float *out, k3_arena *ar) {
+    int I = lc->cfg->dense_inter;
+    float *g = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_gate x */
+    float *u = K3_ARENA_F(ar, (size_t)T * I); /* [T][dense_inter] W_up x */
+    k3_qmat_matmul(&w->gate, x, T, g, lc->pool);
+    k3_qmat_matmul(&w->up, x, T, u, lc->pool);
+    k3_situ(g, g, u, T * I, lc->cfg->situ_b1, lc->cfg->situ_b2);
+    k3_qmat_matmul(&w->down, g, T, out, lc->pool); /* out: [T][D] */
+}
