@@ -49,10 +49,11 @@ curl -s -N "${J[@]}" --max-time 30 \
     "$URL/v1/completions" >"$T/stream" &
 CURL=$!
 for _ in $(seq 1 200); do grep -q '"text"' "$T/stream" && break; sleep 0.02; done
+t_kill=$(date +%s.%N) # the wait is measured from the kill, not from Python's start
 kill -9 "${WPID[1]}"
-ms=$($PY - "$T/stream" <<'EOF'
+ms=$($PY - "$T/stream" "$t_kill" <<'EOF'
 import sys, time
-t0 = time.time()
+t0 = float(sys.argv[2])
 while time.time() - t0 < 20:
     if b'"error"' in open(sys.argv[1], "rb").read():
         break

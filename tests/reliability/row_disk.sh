@@ -15,9 +15,12 @@
 #    path and ENOSPC, the run's ids unchanged, the previous history intact,
 #    no <path>.tmp left) and a repack's output (exit 1 naming the shard
 #    and ENOSPC, every completed shard whole; after space is freed the same
-#    command resumes and the container generates the source's ids). The
-#    ipc directory of --local (/tmp/k3c.XXXXXX) is not covered: it holds
-#    only sockets.
+#    command resumes and the container generates the source's ids) and
+#    place's stripe copies on a 256 KiB tmpfs (exit 1 naming the file, the
+#    offset and ENOSPC, no placement file written; with room the same
+#    command completes and a run on it has the reference ids). The ipc
+#    directory of --local (/tmp/k3c.XXXXXX) is not covered: it holds only
+#    sockets.
 # Prints `ROW|what|trials|recovered|errors|max_rss|max_recovery` lines (the
 # format run.sh collects), ok / not ok lines, and exits 1 when a row is not
 # as required. Needs root (loop devices, mounts): a ROW saying so otherwise.
@@ -192,5 +195,34 @@ if [ "$whole" = whole ] && [ $rc -eq 0 ] && [ "$(grep '^ids:' "$T/repacked.out")
 else
     bad "repack after the full disk: shards $whole, resume rc $rc, $(tail -1 "$T/repacked.err")"
 fi
-echo "ROW|full disk (512 KiB tmpfs): the usage history written at the end of a run; a repack's output, then resumed with room|$n|$ok_n (run's ids kept / repack resumed, same ids)|$err_n (path and ENOSPC named)|$rss kB|-"
+# 3. place's stripe copies on a full drive: no placement file until every
+# copy is whole; with room the same command completes
+n=$((n + 1))
+mkdir "$T/full2" && mount -t tmpfs -o size=256k k3relfull2 "$T/full2" && MNTS+=("$T/full2") ||
+    bad "cannot mount a second tmpfs"
+timeout 120 /usr/bin/time -f '%M' -o "$T/p1.rss" "$C" place --model "$TINY" --drives "$T/full2" \
+    --copy --usage off --out "$T/full2.json" >"$T/p1.out" 2>&1
+rc=$?
+r=$(peak "$T/p1.rss")
+[ "$r" -gt "$rss" ] && rss=$r
+msg=$(grep -m1 'No space left on device' "$T/p1.out")
+if [ $rc -ne 0 ] && echo "$msg" | grep -q "$T/full2/k3-stripe/model-[0-9-]*of-[0-9]*.safetensors.tmp: write at offset [0-9]*: No space" &&
+    ! [ -e "$T/full2.json" ]; then
+    err_n=$((err_n + 1))
+    ok "place on a full drive: exit $rc, no placement file, named: $(echo "$msg" | sed "s|$T|T|g" | cut -c1-160)"
+else
+    bad "place on a full drive: rc $rc, placement file $([ -e "$T/full2.json" ] && echo written || echo absent): $(tail -1 "$T/p1.out")"
+fi
+mount -o remount,size=8m "$T/full2"
+timeout 120 "$C" place --model "$TINY" --drives "$T/full2" --copy --usage off --out "$T/full2.json" \
+    >"$T/p2.out" 2>&1
+rc=$?
+gen placed2 --local 2 --placement "$T/full2.json"
+if [ $rc -eq 0 ] && [ "$(grep '^ids:' "$T/placed2.out")" = "$REF" ]; then
+    ok_n=$((ok_n + 1))
+    ok "place after the full drive: the same command completes, the run on it has the reference ids"
+else
+    bad "place after the full drive: rc $rc, $(tail -1 "$T/p2.out") $(tail -1 "$T/placed2.err")"
+fi
+echo "ROW|full disk (512 / 256 KiB tmpfs): the usage history written at the end of a run; a repack's output; place's stripe copies; then repack and place rerun with room|$n|$ok_n (run's ids kept / repack and place completed, same ids)|$err_n (path and ENOSPC named)|$rss kB|-"
 exit $fail
