@@ -194,23 +194,42 @@ if [ $rc -eq 0 ] && grep -q "lacks shaderFloat64\|own fma()" "$T/fma.err"; then
 else
     bad "K3_VK_FMA=native: rc $rc $(grep -i vulkan "$T/fma.err" | head -2)"
 fi
-# serve: the tier's counters in /metrics (in-process engine)
-PORT=$((27500 + RANDOM % 100))
-if serve_start "$T/srv.out" "$T/srv.err" --model "$TINY" --local 0 --exact --usage off --port "$PORT" \
-    --vk --vk-gb "$GB_ALL"; then
-    curl -s -m 60 "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' \
-        -d '{"prompt":"hello world","max_tokens":4}' >"$T/srv.gen"
-    curl -s -m 10 "http://127.0.0.1:$PORT/metrics" >"$T/srv.metrics"
+# serve: three requests at once on one tier (device jobs of several sessions
+# queued on its device thread, promotions racing them) give the texts a
+# CPU-only server gives one by one; the tier's counters in /metrics
+P0=$((27500 + RANDOM % 50))
+P1=$((P0 + 50))
+gen() { # port n: completion n (greedy, --exact) into $T/gen.<port>.<n>
+    curl -s -m 120 "http://127.0.0.1:$1/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"prompt\":\"prompt number $2: the quick brown fox\",\"max_tokens\":8,\"temperature\":0}" \
+        | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])' \
+        >"$T/gen.$1.$2" 2>/dev/null
+}
+if serve_start "$T/srv0.out" "$T/srv0.err" --model "$TINY" --local 0 --exact --usage off \
+    --port "$P0" && serve_start "$T/srv1.out" "$T/srv1.err" --model "$TINY" --local 0 --exact \
+    --usage "$HIST" --port "$P1" --vk --vk-gb "$GB_FEW"; then
+    for n in 1 2 3; do gen "$P0" $n; done
+    gp=()
+    for n in 1 2 3; do
+        gen "$P1" $n &
+        gp+=($!)
+    done
+    wait "${gp[@]}"
+    same3=0
+    for n in 1 2 3; do
+        [ -s "$T/gen.$P0.$n" ] && cmp -s "$T/gen.$P0.$n" "$T/gen.$P1.$n" && same3=$((same3 + 1))
+    done
+    [ $same3 -eq 3 ] && ok "serve --vk: 3 concurrent requests give the CPU server's texts" ||
+        bad "serve --vk concurrent: $same3 of 3 texts equal ($(head -c 80 "$T/gen.$P0.1") / $(head -c 80 "$T/gen.$P1.1"))"
+    curl -s -m 10 "http://127.0.0.1:$P1/metrics" >"$T/srv.metrics"
     calls=$(awk '$1 == "k3_vk_expert_calls_total" {print $2}' "$T/srv.metrics")
     if [ "${calls:-0}" -gt 0 ] 2>/dev/null && grep -q '^k3_vk_resident_experts ' "$T/srv.metrics" &&
         grep -q '^k3_vk_off 0' "$T/srv.metrics"; then
-        ok "serve --vk: /metrics has the tier's counters ($calls device expert calls)"
+        ok "serve --vk: /metrics has the tier's counters ($calls device expert calls, $(awk '$1 == "k3_vk_evictions_total" {print $2}' "$T/srv.metrics") evictions)"
     else
-        bad "serve --vk /metrics: $(grep k3_vk "$T/srv.metrics" | head -3) $(head -c 200 "$T/srv.gen")"
+        bad "serve --vk /metrics: $(grep k3_vk "$T/srv.metrics" | head -3)"
     fi
-    kill -TERM "$SRV" 2>/dev/null
-    wait "$SRV" 2>/dev/null
 else
-    bad "serve --vk did not start: $(tail -3 "$T/srv.err")"
+    bad "serve did not start: $(tail -3 "$T/srv0.err") $(tail -3 "$T/srv1.err")"
 fi
 exit $fail
