@@ -58,7 +58,6 @@ struct k3_vk_tier {
     int cand_l[TIER_CANDS];
     int32_t cand_e[TIER_CANDS];
     int n_cand, cand_head;
-    int uploading; /* the upload thread works on a candidate */
     int stop;
     pthread_t dev_th, up_th;
     int threads;
@@ -171,7 +170,6 @@ static void *up_main(void *arg) {
         int32_t e = t->cand_e[t->cand_head];
         t->cand_head = (t->cand_head + 1) % TIER_CANDS;
         t->n_cand--;
-        t->uploading = 1;
         pthread_mutex_unlock(&t->mu);
 
         uint64_t hc = k3_experts_usage_count(t->s, layer, e);
@@ -226,7 +224,6 @@ static void *up_main(void *arg) {
         }
         pthread_mutex_lock(&t->mu);
         t->queued[(size_t)(layer - t->layer_a) * (size_t)t->E + (size_t)e] = 0;
-        t->uploading = 0;
         pthread_cond_broadcast(&t->cv);
     }
     pthread_mutex_unlock(&t->mu);
@@ -403,13 +400,6 @@ void k3_vk_tier_offer(k3_vk_tier *t, int layer, const int32_t *ids, int n) {
         t->n_cand++;
     }
     pthread_cond_broadcast(&t->cv);
-    pthread_mutex_unlock(&t->mu);
-}
-
-void k3_vk_tier_quiesce(k3_vk_tier *t) {
-    if (!t) return;
-    pthread_mutex_lock(&t->mu);
-    while ((t->n_cand > 0 || t->uploading) && !t->st.off) pthread_cond_wait(&t->cv, &t->mu);
     pthread_mutex_unlock(&t->mu);
 }
 

@@ -92,7 +92,5 @@ void k3_vk_tier_offer(k3_vk_tier *t, int layer, const int32_t *ids, int n);
 
 void k3_vk_tier_stats_get(k3_vk_tier *t, k3_vk_tier_stats *out);
 const char *k3_vk_tier_device(const k3_vk_tier *t);
-/* Waits until the upload thread has nothing queued (tests, the benchmark). */
-void k3_vk_tier_quiesce(k3_vk_tier *t);
 
 #endif
