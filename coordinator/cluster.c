@@ -294,6 +294,7 @@ static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
     const proto_hello_ok *h = &m->u.hello_ok;
     char err[512], lab[512];
     if (s->a < 0) cl_fmt(s->name, sizeof s->name, "%s", h->name); /* for the messages below */
+    s->ver_minor = m->ver_major == PROTO_VERSION_MAJOR ? m->ver_minor : 0;
     k3_status st = proto_check_compat(c->fp, &c->num, h->fingerprint, &h->num, err, sizeof err);
     if (!st)
         st = k3_link_check_build(k3_link_build(), "coordinator", h->build, "worker", err,
@@ -727,8 +728,15 @@ static void handle_ctl(k3_cluster *c, cl_ctl *x) {
         ctl_finish(c, x, K3_ERR_IO, "worker not registered");
         return;
     }
+    int ck = x->type == PROTO_MSG_CHECKPOINT || x->type == PROTO_MSG_RESTORE;
+    if (ck && s->epoch != x->epoch) {
+        ctl_finish(c, x, K3_ERR_STATE, "the worker re-registered: the session's state is gone");
+        return;
+    }
     cl_req *r = k3_xcalloc(1, sizeof *r);
     proto_msg_init(&r->msg, x->type, ++c->next_id, s->epoch);
+    if (ck) /* cluster_ckpt.c */
+        r->msg.u.ckpt = (proto_ckpt){.session = x->session, .pos = x->n, .keep = x->keep};
     r->ctl = x;
     if (send_req(c, s, r, NULL, NULL, 0, err, sizeof err)) ctl_finish(c, x, K3_ERR_IO, err);
 }
@@ -1233,8 +1241,8 @@ static void tr_state_close(k3_trunk *t, void **state) {
             *pp = x->next;
             break;
         }
-    /* free the workers' slots: the sockets are the I/O thread's, so it
-     * sends the DROPs at its next turn */
+    /* free the workers' slots (and their checkpoints): the sockets are the
+     * I/O thread's, so it sends the DROPs at its next turn */
     for (int p = 0; p < c->n && x->used && c->ordered && !c->stopping; p++) {
         cl_ctl *d = k3_xcalloc(1, sizeof *d);
         d->stage = p;
@@ -1321,6 +1329,9 @@ static const k3_trunk_ops cluster_ops = {
     .state_close = tr_state_close,
     .state_reset = tr_state_reset,
     .forward = tr_forward,
+    .ckpt_save = cl_tr_ckpt_save,
+    .ckpt_restore = cl_tr_ckpt_restore,
+    .ckpt_free = cl_tr_ckpt_free,
     .close = tr_close,
 };
 

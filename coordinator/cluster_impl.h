@@ -50,6 +50,7 @@ typedef struct cl_stage {
     int n_pending;              /* of which FORWARDs (occupancy counts steps only) */
     double progress_ms;         /* last sign that pending steps advance (see link_timers) */
     proto_hello_ok info;        /* the last HELLO_OK */
+    int ver_minor;              /* its protocol minor (CHECKPOINT needs 1.2) */
     pid_t pid;                  /* local worker, 0 otherwise */
     int registered_since_spawn; /* local: a HELLO_OK came since the last start */
     int restarts;               /* local: times it was restarted after dying */
@@ -105,9 +106,10 @@ typedef struct cl_job {
 
 typedef struct cl_ctl { /* a control request from a caller thread */
     int stage;          /* layer order */
-    proto_type type;    /* STATS (a caller waits), SESSION_DROP (nobody waits) */
-    uint64_t session;   /* SESSION_DROP: the session */
-    uint64_t epoch;     /* SESSION_DROP: only while the link is in this epoch */
+    proto_type type;    /* STATS, CHECKPOINT, RESTORE (a caller waits), SESSION_DROP (nobody) */
+    uint64_t session;   /* SESSION_DROP, CHECKPOINT, RESTORE: the session */
+    uint64_t epoch;     /* the same: only while the link is in this epoch */
+    uint32_t n, keep;   /* CHECKPOINT, RESTORE: position; CHECKPOINT: count kept */
     int owned;          /* nobody waits: the I/O thread frees it */
     int done;
     k3_status st;
@@ -171,5 +173,11 @@ void cl_local_stop(k3_cluster *c);
  * died before registering (or could not be started again): not restarted.
  * why says what happened, with the pid and the exit status or signal. */
 int cl_local_reap(k3_cluster *c, int i, char *why, size_t cap);
+
+/* cluster_ckpt.c: the trunk's checkpoint operations (generate.h) on the
+ * workers (CHECKPOINT / RESTORE, PROTOCOL.md "Checkpoints"). */
+k3_status cl_tr_ckpt_save(k3_trunk *t, void *state, int keep, void **ck, char *err, size_t errlen);
+k3_status cl_tr_ckpt_restore(k3_trunk *t, void *state, const void *ck, char *err, size_t errlen);
+void cl_tr_ckpt_free(k3_trunk *t, void **ck);
 
 #endif

@@ -160,10 +160,6 @@ k3_status k3_engine_open(k3_engine **out, const k3_engine_open_opts *o, char *er
         k3_engine_close(&e);
         return st;
     }
-    if (e->ckpt > 0 && e->cluster)
-        K3_WARN("turn checkpoints (--ckpt %d) are in-process only for now (--local 0): workers "
-                "keep none, an edited turn replays the conversation",
-                e->ckpt);
     *out = e;
     return K3_OK;
 }

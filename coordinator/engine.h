@@ -63,8 +63,8 @@ typedef struct k3_engine_open_opts {
                            idle one is closed to make room */
     int max_resumes;    /* replays after a worker loss, per generate call */
     int resume_wait_ms; /* how long a replay waits for the cluster to be whole */
-    int ckpt;           /* turn checkpoints per session (generate.h), 0 = none; in-process
-                           only for now (with workers: a warning, none kept) */
+    int ckpt;           /* turn checkpoints per session (generate.h), 0 = none; with workers
+                           they live on the workers (PROTOCOL.md "Checkpoints") */
 } k3_engine_open_opts;
 
 /* Defaults: no engine options (set .eng), k3_cluster_opts_default (2 local

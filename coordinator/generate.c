@@ -61,8 +61,9 @@ static size_t inproc_state_bytes(k3_trunk *t, void *state) {
     return k3_state_bytes(state);
 }
 
-static k3_status inproc_ckpt_save(k3_trunk *t, void *state, void **ck, char *err, size_t errlen) {
-    (void)t;
+static k3_status inproc_ckpt_save(k3_trunk *t, void *state, int keep, void **ck, char *err,
+                                  size_t errlen) {
+    (void)t, (void)keep;
     k3_state_ckpt *c = NULL;
     k3_status st = k3_state_save(state, &c, err, errlen);
     *ck = c;
@@ -82,6 +83,11 @@ static void inproc_ckpt_free(k3_trunk *t, void **ck) {
     *ck = NULL;
 }
 
+static size_t inproc_ckpt_bytes(k3_trunk *t, const void *ck) {
+    (void)t;
+    return k3_state_ckpt_bytes(ck);
+}
+
 static void inproc_close(k3_trunk *t) {
     free(t->impl);
     t->impl = NULL;
@@ -97,6 +103,7 @@ static const k3_trunk_ops inproc_ops = {
     .ckpt_save = inproc_ckpt_save,
     .ckpt_restore = inproc_ckpt_restore,
     .ckpt_free = inproc_ckpt_free,
+    .ckpt_bytes = inproc_ckpt_bytes,
     .close = inproc_close,
 };
 
@@ -430,7 +437,7 @@ k3_status k3_session_checkpoint(k3_session *s, char *err, size_t errlen) {
     if (s->max_ckpt == 0 || s->n_ids == 0) return K3_OK;
     if (s->n_ckpt > 0 && s->ckpt_pos[s->n_ckpt - 1] == s->n_ids) return K3_OK; /* have it */
     void *ck = NULL;
-    k3_status st = s->trunk->ops->ckpt_save(s->trunk, s->state, &ck, err, errlen);
+    k3_status st = s->trunk->ops->ckpt_save(s->trunk, s->state, s->max_ckpt, &ck, err, errlen);
     if (st) return st;
     if (s->n_ckpt == s->max_ckpt) { /* drop the oldest */
         s->trunk->ops->ckpt_free(s->trunk, &s->ckpt[0]);
@@ -455,7 +462,8 @@ int k3_session_reusable(const k3_session *s, const int32_t *ids, int n) {
 int k3_session_n_ckpt(const k3_session *s, size_t *bytes) {
     if (bytes) {
         *bytes = 0;
-        for (int i = 0; i < s->n_ckpt; i++) *bytes += k3_state_ckpt_bytes(s->ckpt[i]);
+        for (int i = 0; i < s->n_ckpt && s->trunk->ops->ckpt_bytes; i++)
+            *bytes += s->trunk->ops->ckpt_bytes(s->trunk, s->ckpt[i]);
     }
     return s->n_ckpt;
 }

@@ -53,11 +53,16 @@ typedef struct k3_trunk_ops {
                          char *err, size_t errlen);
     /* Bytes of the state held in this process (0 when it lives elsewhere). */
     size_t (*state_bytes)(k3_trunk *t, void *state);
-    /* Turn checkpoints (stage.h k3_state_ckpt); NULL = not supported (the
-     * cluster: its workers would need CHECKPOINT/RESTORE messages). */
-    k3_status (*ckpt_save)(k3_trunk *t, void *state, void **ck, char *err, size_t errlen);
+    /* Turn checkpoints at the state's position (stage.h k3_state_ckpt in
+     * process; on a cluster the workers hold them, PROTOCOL.md
+     * "Checkpoints"); NULL = not supported. keep: checkpoints the session
+     * keeps, the oldest dropped first (a cluster's workers drop theirs in
+     * step). A failed restore leaves the state to be reset. */
+    k3_status (*ckpt_save)(k3_trunk *t, void *state, int keep, void **ck, char *err, size_t errlen);
     k3_status (*ckpt_restore)(k3_trunk *t, void *state, const void *ck, char *err, size_t errlen);
     void (*ckpt_free)(k3_trunk *t, void **ck);
+    /* Bytes a checkpoint holds in this process (NULL: 0, they live elsewhere). */
+    size_t (*ckpt_bytes)(k3_trunk *t, const void *ck);
     void (*close)(k3_trunk *t); /* frees impl, not t */
 } k3_trunk_ops;
 

@@ -135,7 +135,7 @@ static const k3_opt serve_table[] = {
      .max = K3_MAX_CKPT,
      .metavar = "N",
      .help = "turn checkpoints kept per session (KDA states at each prompt's end): an edited "
-             "earlier turn restores the deepest one instead of replaying (in-process only)"},
+             "earlier turn restores the deepest one instead of replaying (on workers: CHECKPOINT)"},
     {.name = "ctx",
      .flag = "--ctx",
      .env = "K3_MAXT",

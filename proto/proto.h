@@ -1,4 +1,4 @@
-/* proto/proto.h: the k3shard wire protocol, version 1.0 (docs/PROTOCOL.md).
+/* proto/proto.h: the k3shard wire protocol, version 1.2 (docs/PROTOCOL.md).
  *
  * Owns: the message types (a tagged union of plain data, no pointers), the
  * msgpack envelope codec (only proto/ includes msgpack.h), every syntactic
@@ -26,7 +26,7 @@
 #include "common/base/limits.h"
 
 #define PROTO_VERSION_MAJOR 1
-#define PROTO_VERSION_MINOR 1
+#define PROTO_VERSION_MINOR 2
 
 /* Bytes an encoded envelope may need: every v1 message at its field limits
  * fits (the largest, ERROR with a 4095-byte msg, is ~4.2 KB; tested). */
@@ -56,7 +56,9 @@ typedef enum proto_type {
     PROTO_MSG_STATS_OK = 12,
     PROTO_MSG_SHUTDOWN = 13,
     PROTO_MSG_HEARTBEAT = 14,
-    PROTO_MSG_COUNT /* one past the last; 15, 16 reserved (CHECKPOINT, RESTORE) */
+    PROTO_MSG_CHECKPOINT = 15, /* 1.2 */
+    PROTO_MSG_RESTORE = 16,    /* 1.2 */
+    PROTO_MSG_COUNT            /* one past the last (15,16 ckpt / 17,18 xstripe) */
 } proto_type;
 
 /* Numeric settings both sides must agree on exactly (PROTOCOL.md 4). */
@@ -141,6 +143,13 @@ typedef struct proto_stats_ok { /* cumulative since the worker started */
     bool registered;               /* a coordinator's HELLO is current (epoch != 0) */
 } proto_stats_ok;
 
+typedef struct proto_ckpt { /* CHECKPOINT, RESTORE (1.2, PROTOCOL.md "Checkpoints") */
+    uint64_t session;       /* "sess", >= 1 */
+    uint32_t pos;           /* "n": the checkpoint's position (CHECKPOINT: the session's) */
+    uint32_t keep;          /* "keep", CHECKPOINT only (0 in RESTORE): checkpoints the
+                               coordinator keeps for the session, 1..K3_MAX_CKPT */
+} proto_ckpt;
+
 typedef struct proto_heartbeat {
     uint64_t busy_request; /* "req": request being computed, 0 = idle */
 } proto_heartbeat;
@@ -169,6 +178,7 @@ typedef struct proto_msg {
         proto_stats_ok stats_ok;
         proto_heartbeat heartbeat;
         proto_error error;
+        proto_ckpt ckpt; /* CHECKPOINT, RESTORE */
     } u;
 } proto_msg;
 
