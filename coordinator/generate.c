@@ -20,6 +20,7 @@
 
 #include "common/base/limits.h"
 #include "common/base/log.h"
+#include "coordinator/ckpt_dir.h"
 
 /* ---- in-process trunk --------------------------------------------------- */
 
@@ -88,6 +89,21 @@ static size_t inproc_ckpt_bytes(k3_trunk *t, const void *ck) {
     return k3_state_ckpt_bytes(ck);
 }
 
+static uint64_t inproc_dump_bytes(k3_trunk *t, void *state, int pos) {
+    (void)t;
+    return k3_state_dump_bytes(state, pos);
+}
+
+static k3_status inproc_dump(k3_trunk *t, void *state, FILE *f, char *err, size_t errlen) {
+    (void)t;
+    return k3_state_dump(state, f, err, errlen);
+}
+
+static k3_status inproc_load(k3_trunk *t, void *state, FILE *f, int pos, char *err, size_t errlen) {
+    (void)t;
+    return k3_state_load(state, f, pos, err, errlen);
+}
+
 static void inproc_close(k3_trunk *t) {
     free(t->impl);
     t->impl = NULL;
@@ -104,6 +120,9 @@ static const k3_trunk_ops inproc_ops = {
     .ckpt_restore = inproc_ckpt_restore,
     .ckpt_free = inproc_ckpt_free,
     .ckpt_bytes = inproc_ckpt_bytes,
+    .state_dump_bytes = inproc_dump_bytes,
+    .state_dump = inproc_dump,
+    .state_load = inproc_load,
     .close = inproc_close,
 };
 
@@ -153,6 +172,7 @@ struct k3_session {
     k3_step_stats stats; /* summed since open */
     int n_reused;        /* ids kept by the last feed (prefix or checkpoint) */
     int max_ckpt;        /* turn checkpoints kept, 0 = none */
+    k3_ckpt_dir *store;  /* parked checkpoints (--ckpt-dir), borrowed, may be NULL */
     int n_ckpt;          /* held, oldest first; positions ascending */
     void *ckpt[K3_MAX_CKPT];
     int ckpt_pos[K3_MAX_CKPT];
@@ -198,6 +218,7 @@ k3_status k3_session_open(k3_session **out, k3_model *m, k3_trunk *trunk, const 
     s->has_head = cfg->n_layers == cfg->n_layers_full;
     s->max_ckpt =
         trunk->ops->ckpt_save && o->ckpt > 0 ? (o->ckpt < K3_MAX_CKPT ? o->ckpt : K3_MAX_CKPT) : 0;
+    s->store = s->max_ckpt > 0 && trunk->ops->state_dump ? o->store : NULL;
 
     size_t D = (size_t)s->D, C = (size_t)s->chunk;
     k3_status st;
@@ -414,6 +435,22 @@ k3_status k3_session_feed(k3_session *s, const int32_t *ids, int n, const k3_fee
             }
         }
     }
+    if (s->store) { /* a parked checkpoint deeper than what is kept (a restart) */
+        char path[K3_MAX_PATH + 40], rerr[512];
+        int base = keep ? s->n_ids : 0, p = 0;
+        if (k3_ckpt_dir_find(s->store, ids, n, base, s->max_ctx, path, sizeof path, &p)) {
+            k3_session_reset(s);
+            keep = 0;
+            if (k3_ckpt_dir_load(s->store, path, p, ids, s->trunk, s->state, rerr, sizeof rerr)) {
+                K3_WARN("session: parked checkpoint not loaded (%s): replaying", rerr);
+            } else {
+                memcpy(s->ids, ids, sizeof(int32_t) * (size_t)p);
+                s->n_ids = p;
+                keep = 1;
+                K3_INFO("session: checkpoint at %d loaded from %s", p, path);
+            }
+        }
+    }
     if (!keep) k3_session_reset(s);
     s->n_reused = s->n_ids;
     int tail = n - s->n_ids;
@@ -447,6 +484,11 @@ k3_status k3_session_checkpoint(k3_session *s, char *err, size_t errlen) {
     }
     s->ckpt[s->n_ckpt] = ck;
     s->ckpt_pos[s->n_ckpt++] = s->n_ids;
+    if (s->store) { /* parked too: a failure costs only the restart's saving */
+        char derr[512];
+        if (k3_ckpt_dir_save(s->store, s->trunk, s->state, s->ids, s->n_ids, derr, sizeof derr))
+            K3_WARN("session: checkpoint at %d not parked on disk: %s", s->n_ids, derr);
+    }
     return K3_OK;
 }
 

@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/base/err.h"
 #include "common/engine/model.h"
@@ -63,6 +64,12 @@ typedef struct k3_trunk_ops {
     void (*ckpt_free)(k3_trunk *t, void **ck);
     /* Bytes a checkpoint holds in this process (NULL: 0, they live elsewhere). */
     size_t (*ckpt_bytes)(k3_trunk *t, const void *ck);
+    /* The whole state as bytes (stage.h k3_state_dump / k3_state_load:
+     * checkpoints parked on disk, coordinator/ckpt_dir.h); NULL = not
+     * supported (a cluster: the state lives on the workers). */
+    uint64_t (*state_dump_bytes)(k3_trunk *t, void *state, int pos);
+    k3_status (*state_dump)(k3_trunk *t, void *state, FILE *f, char *err, size_t errlen);
+    k3_status (*state_load)(k3_trunk *t, void *state, FILE *f, int pos, char *err, size_t errlen);
     void (*close)(k3_trunk *t); /* frees impl, not t */
 } k3_trunk_ops;
 
@@ -79,6 +86,7 @@ void k3_trunk_close(k3_trunk **t);
 /* ---- session ---------------------------------------------------------- */
 
 typedef struct k3_session k3_session;
+struct k3_ckpt_dir;
 
 typedef struct k3_session_opts {
     int max_ctx;  /* capacity in tokens, 1..K3_MAX_CTX */
@@ -86,6 +94,8 @@ typedef struct k3_session_opts {
     int progress; /* one stderr line per prefill chunk */
     int ckpt;     /* turn checkpoints kept, 0..K3_MAX_CKPT (0 = none; ignored when the trunk
                      has no checkpoints) */
+    struct k3_ckpt_dir *store; /* checkpoints parked on disk too (--ckpt-dir), borrowed; NULL =
+                                  none; used only with ckpt > 0 and a trunk that dumps its state */
 } k3_session_opts;
 
 /* Per-chunk hooks of a feed; every field may be NULL. */
@@ -124,7 +134,9 @@ int k3_session_has_head(const k3_session *s);
 /* Brings the session to exactly ids[0, n): when ids extends the committed
  * ids only the tail is prefilled; otherwise the deepest turn checkpoint
  * whose position is within the common prefix (and before n) is restored
- * and the rest prefilled, else the session resets and prefills everything. *logits (if not NULL)
+ * and the rest prefilled, else the session resets and prefills everything.
+ * With a store (opts.store), a parked checkpoint deeper than what the
+ * session would keep is loaded from disk instead. *logits (if not NULL)
  * receives the logits [vocab] of the last position, valid until the next call on the session;
  * *n_fed the number of tokens actually prefilled (also when cancelled part way). Errors: n < 1, n >
  * max_ctx, an id outside the vocabulary, non-finite logits, a trunk failure (the session is then

@@ -66,6 +66,7 @@ typedef struct serve_opts {
     int max_queue;      /* generations admitted at once */
     int max_sessions;   /* sessions kept for prefix reuse (>= max_queue) */
     int ckpt;           /* turn checkpoints per session */
+    char *ckpt_dir;     /* checkpoints parked on disk too */
     int ctx;            /* context of every session, tokens */
     int max_tokens;     /* default max_tokens */
     int chunk;          /* prefill chunk */
@@ -136,6 +137,14 @@ static const k3_opt serve_table[] = {
      .metavar = "N",
      .help = "turn checkpoints kept per session (KDA states at each prompt's end): an edited "
              "earlier turn restores the deepest one instead of replaying (on workers: CHECKPOINT)"},
+    {.name = "ckpt-dir",
+     .flag = "--ckpt-dir",
+     .env = "K3_CKPT_DIR",
+     .type = K3_OPT_STRING,
+     .offset = O(ckpt_dir),
+     .metavar = "DIR",
+     .help = "park every turn checkpoint in DIR too (in-process): a restarted server resumes "
+             "a conversation from its last turn instead of prefilling it (needs --ckpt N)"},
     {.name = "ctx",
      .flag = "--ctx",
      .env = "K3_MAXT",
@@ -718,6 +727,7 @@ static void engine_settings(const serve_opts *o, const k3_opt_src *src, k3_engin
     eo->progress = 0; /* no stderr line per prefill chunk of every request */
     eo->n_sessions = o->max_sessions;
     eo->ckpt = o->ckpt;
+    eo->ckpt_dir = o->ckpt_dir;
     eo->cluster.max_sessions = o->max_sessions; /* local workers keep as many states */
 }
 

@@ -21,6 +21,7 @@
  * workers hold one session, an evicted session's edited turn replays to
  * the same ids.
  */
+#include <errno.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -69,6 +70,8 @@ static void on_tok(void *ctx, int32_t id) {
 
 /* local: local workers (0 = in-process); eps/n_eps: worker endpoints
  * instead; max_sess: the local workers' --max-sessions (0 = default). */
+static const char *g_ckpt_dir; /* --ckpt-dir of the next engine, NULL = none */
+
 static k3_engine *open_engine(int ckpt, int local, const char *const *eps, int n_eps,
                               int max_sess) {
     static k3_engine_opts eng;
@@ -85,6 +88,7 @@ static k3_engine *open_engine(int ckpt, int local, const char *const *eps, int n
     o.progress = 0;
     o.n_sessions = 4;
     o.ckpt = ckpt;
+    o.ckpt_dir = g_ckpt_dir;
     char err[512] = "";
     k3_engine *e = NULL;
     k3_status st = k3_engine_open(&e, &o, err, sizeof err);
@@ -272,6 +276,90 @@ static pid_t tcp_worker(int a, int b, const char *ep) {
     return pid;
 }
 
+static int count_files(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "ls %s | grep -c '\\.k3ck$'", dir);
+    FILE *p = popen(cmd, "r");
+    int n = -1;
+    if (p && fscanf(p, "%d", &n) != 1) n = -1;
+    if (p) pclose(p);
+    return n;
+}
+
+/* --ckpt-dir: an engine parks its turn checkpoints; a new engine on the same
+ * directory (a restarted coordinator) resumes the conversation from the
+ * deepest one: fewer tokens prefilled, the same logits and ids as a full
+ * replay. A damaged file is refused and the prompt replayed. */
+static void parked(void) {
+    char dir[] = "/tmp/k3_test_ckpt_dir_XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    int32_t turn2[12 + 3 + 5], turn3[20 + 2 + 7];
+    k3_engine_result r;
+    toks t1, t2, t3, ref;
+    rows lg_ref = {0}, lg3 = {0};
+    g_ckpt_dir = dir;
+    k3_engine *e = open_engine(2, 0, NULL, 0, 0);
+    if (!e) return;
+    k3_status st = gen(e, 1, A, 12, NULL, &t1, &r);
+    memcpy(turn2, A, sizeof A);
+    memcpy(turn2 + 12, t1.v, 3 * sizeof(int32_t));
+    memcpy(turn2 + 15, X, sizeof X);
+    st = st ? st : gen(e, 1, turn2, 20, NULL, &t2, &r);
+    k3_engine_close(&e);
+    int nf = count_files(dir);
+    CHECK(st == K3_OK && nf == 2, "--ckpt-dir: two turns park %d checkpoint files (12, 20)", nf);
+
+    /* turn 3 extends turn 2; the reference replays it from 0 */
+    memcpy(turn3, turn2, sizeof turn2);
+    memcpy(turn3 + 20, t2.v, 2 * sizeof(int32_t));
+    memcpy(turn3 + 22, Y, sizeof Y);
+    g_ckpt_dir = NULL;
+    e = open_engine(2, 0, NULL, 0, 0);
+    st = e ? gen(e, 3, turn3, 29, &lg_ref, &ref, &r) : K3_ERR_STATE;
+    k3_engine_close(&e);
+
+    g_ckpt_dir = dir; /* the restarted coordinator */
+    e = open_engine(2, 0, NULL, 0, 0);
+    st = st ? st : e ? gen(e, 7, turn3, 29, &lg3, &t3, &r) : K3_ERR_STATE;
+    int same = st == K3_OK && lg3.v && lg_ref.v && lg3.lo == 20 && lg3.hi == 29 &&
+               !memcmp(lg3.v + (size_t)20 * (size_t)lg3.vocab,
+                       lg_ref.v + (size_t)20 * (size_t)lg_ref.vocab,
+                       sizeof(float) * 9 * (size_t)lg3.vocab);
+    CHECK(st == K3_OK && r.gen.n_reused == 20 && r.gen.n_prefilled == 9,
+          "--ckpt-dir: after a restart turn 3 loads the parked checkpoint at 20: %d reused, %d "
+          "prefilled",
+          r.gen.n_reused, r.gen.n_prefilled);
+    CHECK(same && t3.n == ref.n && !memcmp(t3.v, ref.v, sizeof(int32_t) * (size_t)ref.n),
+          "--ckpt-dir: the loaded state's logits (positions 20..28) and ids equal a full replay's "
+          "bit for bit");
+    k3_engine_close(&e);
+
+    /* damage the file at 20 (one byte short): refused, replayed, same ids */
+    char cmd[700];
+    snprintf(
+        cmd, sizeof cmd,
+        "for f in %s/*-00000020.k3ck; do truncate -s -1 \"$f\"; done; rm -f %s/*-00000012.k3ck",
+        dir, dir);
+    int rc = system(cmd);
+    e = open_engine(2, 0, NULL, 0, 0);
+    st = rc == 0 && e ? gen(e, 8, turn3, 29, NULL, &t3, &r) : K3_ERR_STATE;
+    CHECK(st == K3_OK && r.gen.n_reused == 0 && r.gen.n_prefilled == 29 && t3.n == ref.n &&
+              !memcmp(t3.v, ref.v, sizeof(int32_t) * (size_t)ref.n),
+          "--ckpt-dir: a file one byte short is refused (sizes checked), the prompt replayed: %d "
+          "reused, same ids",
+          r.gen.n_reused);
+    k3_engine_close(&e);
+    g_ckpt_dir = NULL;
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    rc = system(cmd);
+    (void)rc;
+    free(lg_ref.v);
+    free(lg3.v);
+}
+
 int main(void) {
     k3_log_init("test_ckpt");
     /* the full replay: a fresh session fed A + Y from position 0 */
@@ -327,6 +415,8 @@ int main(void) {
               r.gen.n_reused, r.gen.n_prefilled);
     }
     k3_engine_close(&e);
+
+    parked();
 
     /* without checkpoints the same edit prefills the whole conversation */
     e = open_engine(0, 0, NULL, 0, 0);
