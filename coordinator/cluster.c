@@ -828,7 +828,10 @@ static void io_take_work(k3_cluster *c) {
     }
     for (cl_job *j = c->active, *next; j; j = next) {
         next = j->next;
-        if (!j->started && !j->finished) job_start(c, j);
+        if (j->cancel_req && !j->finished) /* CANCEL to the workers that hold a piece */
+            job_fail(c, j, K3_ERR_CANCEL, "cluster: step cancelled by the caller");
+        else if (!j->started && !j->finished)
+            job_start(c, j);
     }
     while (c->ctl_in) {
         cl_ctl *x = c->ctl_in;
@@ -1302,7 +1305,24 @@ static k3_status tr_forward(k3_trunk *t, void *state, int pos0, int T, float *bl
     j->next = c->incoming;
     c->incoming = j;
     cl_wake(c);
-    while (!j->finished) pthread_cond_wait(&c->cv, &c->mu);
+    while (!j->finished) {
+        if (!x->cancel) {
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        if (!j->cancel_req && atomic_load_explicit(x->cancel, memory_order_acquire)) {
+            j->cancel_req = 1; /* the I/O thread sends the CANCELs (it owns the sockets) */
+            cl_wake(c);
+        }
+        struct timespec ts; /* the flag is looked at every 5 ms */
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 5 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+    }
     pthread_mutex_unlock(&c->mu);
 
     k3_status st = j->st;
@@ -1321,6 +1341,14 @@ static k3_status tr_forward(k3_trunk *t, void *state, int pos0, int T, float *bl
     return st;
 }
 
+static void tr_set_cancel(k3_trunk *t, void *state, const atomic_int *cancel) {
+    k3_cluster *c = t->impl;
+    cl_sess *x = state;
+    pthread_mutex_lock(&c->mu);
+    x->cancel = cancel;
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void tr_close(k3_trunk *t) { t->impl = NULL; /* the cluster is borrowed */ }
 
 static const k3_trunk_ops cluster_ops = {
@@ -1329,6 +1357,7 @@ static const k3_trunk_ops cluster_ops = {
     .state_close = tr_state_close,
     .state_reset = tr_state_reset,
     .forward = tr_forward,
+    .set_cancel = tr_set_cancel,
     .ckpt_save = cl_tr_ckpt_save,
     .ckpt_restore = cl_tr_ckpt_restore,
     .ckpt_free = cl_tr_ckpt_free,

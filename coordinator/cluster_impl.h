@@ -12,6 +12,7 @@
 #define K3_CLUSTER_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 
@@ -66,14 +67,15 @@ typedef struct cl_stage {
 typedef struct cl_sess {
     uint64_t id;
     int max_ctx;
-    int pos;           /* tokens committed on every stage */
-    int broken;        /* a step failed midway */
-    int lost;          /* a worker lost its state (eviction, new epoch) */
-    int reset_pending; /* send SESSION_RESET before the next step */
-    int used;          /* a step was ever sent (workers may hold state) */
-    int busy;          /* a job is running */
-    uint64_t step;     /* step counter (one per micro-chunk) */
-    uint64_t *epoch;   /* [n stages, layer order]: epoch its state lives in */
+    int pos;                  /* tokens committed on every stage */
+    int broken;               /* a step failed midway */
+    int lost;                 /* a worker lost its state (eviction, new epoch) */
+    int reset_pending;        /* send SESSION_RESET before the next step */
+    int used;                 /* a step was ever sent (workers may hold state) */
+    int busy;                 /* a job is running */
+    const atomic_int *cancel; /* the caller's flag while a step runs (set_cancel), may be NULL */
+    uint64_t step;            /* step counter (one per micro-chunk) */
+    uint64_t *epoch;          /* [n stages, layer order]: epoch its state lives in */
     struct cl_sess *next;
 } cl_sess;
 
@@ -99,6 +101,7 @@ typedef struct cl_job {
     k3_step_stats stats;
     double wait_until_ms; /* waiting for workers to register until then */
     int started, finished;
+    int cancel_req; /* the caller's cancel flag was seen: the I/O thread fails the job */
     k3_status st;
     char err[1024];
     struct cl_job *next;

@@ -121,7 +121,8 @@ typedef struct k3_engine_req {
      * the generation stops before its next step (every prefill chunk,
      * every decode token) and returns K3_ERR_CANCEL. The session keeps the
      * ids committed so far (prompt chunks and generated tokens), so the
-     * next request on it reuses them. */
+     * next request on it reuses them. Set while a prefill chunk runs, it
+     * stops the chunk within one layer step; the session then resets. */
     const atomic_int *cancel;
     int ignore_eos; /* 1: an eos id does not stop the generation (ngen and context still do) */
 } k3_engine_req;

@@ -57,6 +57,11 @@ static k3_status inproc_forward(k3_trunk *t, void *state, int pos0, int T, float
                             errlen);
 }
 
+static void inproc_set_cancel(k3_trunk *t, void *state, const atomic_int *cancel) {
+    (void)t;
+    k3_stage_set_cancel(state, cancel);
+}
+
 static size_t inproc_state_bytes(k3_trunk *t, void *state) {
     (void)t;
     return k3_state_bytes(state);
@@ -115,6 +120,7 @@ static const k3_trunk_ops inproc_ops = {
     .state_close = inproc_state_close,
     .state_reset = inproc_state_reset,
     .forward = inproc_forward,
+    .set_cancel = inproc_set_cancel,
     .state_bytes = inproc_state_bytes,
     .ckpt_save = inproc_ckpt_save,
     .ckpt_restore = inproc_ckpt_restore,
@@ -304,8 +310,11 @@ static k3_status sess_step(k3_session *s, const int32_t *ids, int T, const k3_fe
         k3_err_prefix(err, errlen, "positions %d..%d", pos0, pos0 + T - 1);
         return st;
     }
+    const atomic_int *cancel = hk ? hk->cancel : NULL;
+    if (cancel && s->trunk->ops->set_cancel) s->trunk->ops->set_cancel(s->trunk, s->state, cancel);
     st = s->trunk->ops->forward(s->trunk, s->state, pos0, T, s->blocks, &nb, s->h, &stats,
                                 hk ? hk->trace : NULL, hk ? hk->trace_ctx : NULL, err, errlen);
+    if (cancel && s->trunk->ops->set_cancel) s->trunk->ops->set_cancel(s->trunk, s->state, NULL);
     stats_add(&s->stats, &stats);
     if (st) goto fail;
     s->logits_valid = 0;

@@ -52,6 +52,12 @@ typedef struct k3_trunk_ops {
     k3_status (*forward)(k3_trunk *t, void *state, int pos0, int T, float *blocks, int *nb,
                          float *h, k3_step_stats *stats, k3_trace_fn trace, void *trace_ctx,
                          char *err, size_t errlen);
+    /* Cancellation inside a forward (NULL = none; the op may be NULL): once
+     * *cancel is nonzero the running forward stops within one layer step
+     * (in-process: before its next layer; a cluster: CANCEL to the workers,
+     * which stop before their next layer) and fails with K3_ERR_CANCEL; the
+     * state must then be reset. Set before a forward, cleared after. */
+    void (*set_cancel)(k3_trunk *t, void *state, const atomic_int *cancel);
     /* Bytes of the state held in this process (0 when it lives elsewhere). */
     size_t (*state_bytes)(k3_trunk *t, void *state);
     /* Turn checkpoints at the state's position (stage.h k3_state_ckpt in
@@ -113,7 +119,10 @@ typedef struct k3_feed_hooks {
     void *progress_ctx;
     /* Cancellation (NULL = none): read before every chunk; once nonzero the
      * feed stops there with K3_ERR_CANCEL and the session keeps the chunks
-     * committed so far (a later feed extending them reuses them). */
+     * committed so far (a later feed extending them reuses them). Set
+     * while a chunk runs, it stops the chunk within one layer step (the
+     * trunk's set_cancel); the session then resets (its state is half a
+     * chunk further on some layers) and keeps nothing. */
     const atomic_int *cancel;
 } k3_feed_hooks;
 

@@ -57,7 +57,7 @@ typedef struct wk {
     wk_req *q_head, *q_tail; /* queued work, FIFO */
     int q_len;
 
-    volatile int cancel;          /* polled by the stage between layers */
+    atomic_int cancel;            /* polled by the stage between layers */
     uint64_t busy_req, busy_sess; /* the running FORWARD, 0 when idle */
     int clear_pending;            /* new epoch mid-step: free sessions after it */
 

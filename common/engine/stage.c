@@ -12,16 +12,16 @@
 #include "common/base/log.h"
 
 struct k3_state {
-    const k3_model *m;    /* borrowed: the model this state belongs to */
-    int layer_a, layer_b; /* the model's range */
-    int max_ctx;          /* capacity in tokens */
-    int pos;              /* tokens consumed */
-    int broken;           /* a forward failed midway: reset before use */
-    volatile int *cancel; /* polled between layers, may be NULL */
-    k3_kda_state *kda;    /* [b - a]; S [H][hd][hd] and conv [3][P][K] for KDA layers */
-    k3_mla_cache *mla;    /* [b - a]; latent + rope cache for MLA layers, grown on demand */
-    size_t kda_bytes;     /* bytes of all KDA states */
-    k3_arena ar;          /* scratch for one forward, grown as T / context grow */
+    const k3_model *m;        /* borrowed: the model this state belongs to */
+    int layer_a, layer_b;     /* the model's range */
+    int max_ctx;              /* capacity in tokens */
+    int pos;                  /* tokens consumed */
+    int broken;               /* a forward failed midway: reset before use */
+    const atomic_int *cancel; /* polled between layers, may be NULL */
+    k3_kda_state *kda;        /* [b - a]; S [H][hd][hd] and conv [3][P][K] for KDA layers */
+    k3_mla_cache *mla;        /* [b - a]; latent + rope cache for MLA layers, grown on demand */
+    size_t kda_bytes;         /* bytes of all KDA states */
+    k3_arena ar;              /* scratch for one forward, grown as T / context grow */
 };
 
 k3_status k3_state_open(k3_state **out, const k3_model *m, int max_ctx, char *err, size_t errlen) {
@@ -95,7 +95,7 @@ size_t k3_state_bytes(const k3_state *s) {
     return b;
 }
 
-void k3_stage_set_cancel(k3_state *s, volatile int *cancel) { s->cancel = cancel; }
+void k3_stage_set_cancel(k3_state *s, const atomic_int *cancel) { s->cancel = cancel; }
 
 /* ---- turn checkpoints (stage.h) ---- */
 
@@ -418,7 +418,7 @@ k3_status k3_stage_forward(k3_model *m, k3_state *s, int pos0, int T, float *blo
     /* ---- the layers, in order ---- */
     k3_status st = K3_OK;
     for (int i = s->layer_a; i < s->layer_b; i++) {
-        if (s->cancel && *s->cancel) {
+        if (s->cancel && atomic_load_explicit(s->cancel, memory_order_acquire)) {
             st = k3_errf(K3_ERR_CANCEL, err, errlen, "stage: cancelled before layer %d", i);
             break;
         }

@@ -27,6 +27,7 @@
 #ifndef K3_STAGE_H
 #define K3_STAGE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -97,6 +98,6 @@ k3_status k3_stage_forward(k3_model *m, k3_state *s, int pos0, int T, float *blo
 /* Cancellation hook: when *cancel becomes non-zero, k3_stage_forward stops
  * before its next layer and returns K3_ERR_CANCEL (the state is then
  * unusable until k3_state_reset). NULL disables. The pointer is borrowed. */
-void k3_stage_set_cancel(k3_state *s, volatile int *cancel);
+void k3_stage_set_cancel(k3_state *s, const atomic_int *cancel);
 
 #endif
