@@ -64,10 +64,13 @@ echo "bench-serve: $SLICE, prompt ~$PROMPT words, $NGEN tokens per turn, $THREAD
 printf "%-8s %-6s %12s %10s %12s %12s\n" workers convs "agg tok/s" "ttft ms" "turn2 prompt" "reuse saving"
 for w in $WORKERS; do
     P=$(free_port)
+    # the slice's load-time quantization can pass the default 10-minute
+    # registration wait on a loaded machine: READY_S (default 3600) bounds it
     "$C" serve --model "$SLICE" --local "$w" --port "$P" --max-queue 4 --max-sessions 8 --ctx 1024 --ckpt 4 \
-        --threads "$THREADS" --max-tokens "$NGEN" >"$T/out" 2>"$T/err" &
+        --threads "$THREADS" --max-tokens "$NGEN" --ready-timeout-ms $((${READY_S:-3600} * 1000)) \
+        >"$T/out" 2>"$T/err" &
     SRV=$!
-    for _ in $(seq 1 6000); do
+    for _ in $(seq 1 $((${READY_S:-3600} * 10))); do
         grep -q "^serving on" "$T/out" && break
         kill -0 "$SRV" 2>/dev/null || break
         sleep 0.1
