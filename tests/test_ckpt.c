@@ -418,6 +418,40 @@ int main(void) {
 
     parked();
 
+    /* a worker killed with -9 between turns: the local worker comes back in
+     * a new epoch without the session's state or checkpoints, so the
+     * edited turn's RESTORE is not even sent (the epoch says so) and the
+     * conversation replays, to the same ids */
+    e = open_engine(2, 2, NULL, 0, 0);
+    if (e) {
+        int32_t tw[12 + 3 + 5];
+        st = gen(e, 1, A, 12, NULL, &t1, &r);
+        memcpy(tw, A, sizeof A);
+        memcpy(tw + 12, t1.v, 3 * sizeof(int32_t));
+        memcpy(tw + 15, X, sizeof X);
+        st = st ? st : gen(e, 1, tw, 20, NULL, &t2, &r);
+        k3_cluster *cl = k3_engine_cluster(e);
+        k3_stage_info si;
+        k3_cluster_stage_info(cl, 1, &si);
+        uint64_t ep0 = si.epoch;
+        int killed = si.pid > 0 && kill(si.pid, SIGKILL) == 0;
+        char werr[512] = "";
+        for (int i = 0; killed && i < 400; i++) { /* the restart and its new epoch */
+            k3_cluster_stage_info(cl, 1, &si);
+            if (si.ready && si.epoch != ep0) break;
+            usleep(25000);
+        }
+        k3_status ws = k3_cluster_wait_ready(cl, 10000, werr, sizeof werr);
+        st = st ? st : gen(e, 1, ay, 19, NULL, &t3, &r);
+        CHECK(killed && ws == K3_OK && si.epoch != ep0 && st == K3_OK && r.gen.n_reused == 0 &&
+                  r.gen.n_prefilled == 19 && t3.n == g_ref.n &&
+                  !memcmp(t3.v, g_ref.v, sizeof(int32_t) * (size_t)g_ref.n),
+              "--local 2, a worker killed with -9 between turns and restarted (new epoch): the "
+              "edited turn replays (%d reused, %d prefilled), same ids (%s)",
+              r.gen.n_reused, r.gen.n_prefilled, werr);
+    }
+    k3_engine_close(&e);
+
     /* without checkpoints the same edit prefills the whole conversation */
     e = open_engine(0, 0, NULL, 0, 0);
     if (!e) return 1;
