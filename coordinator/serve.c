@@ -251,19 +251,19 @@ typedef struct server {
     k3_engine *eng;
     const k3_engine_opts *eng_opts; /* directories for /health */
     serve_limits lim;
-    const char *api_key;               /* NULL = open */
-    int body_timeout_ms;               /* --conn-timeout-s: a body must arrive within it */
-    pthread_mutex_t mu;                /* guards the counts, the id pool and the job list */
-    pthread_cond_t cv;                 /* signalled when a count drops */
-    int running;                       /* generations admitted and not yet ended */
-    int max_running;                   /* --parallel (at most --max-queue) */
-    int waiting;                       /* requests waiting for a running slot */
-    int max_waiting;                   /* --max-queue - the running slots */
-    uint64_t ticket_head, ticket_tail; /* FIFO order of the waiting requests */
-    int n_ids;                         /* --max-sessions: session ids 0..n_ids-1 */
-    int *id_free;                      /* [n_ids] 1 = session id i is not running */
-    int in_flight;                     /* HTTP requests between the first call and completion */
-    int stopping;                      /* shutdown began: refuse, end streams */
+    const char *api_key;                  /* NULL = open */
+    int body_timeout_ms;                  /* --conn-timeout-s: a body must arrive within it */
+    pthread_mutex_t mu;                   /* guards the counts, the id pool and the job list */
+    pthread_cond_t cv;                    /* signalled when a count drops */
+    int running;                          /* generations admitted and not yet ended */
+    int max_running;                      /* --parallel (at most --max-queue) */
+    int waiting;                          /* requests waiting for a running slot */
+    int max_waiting;                      /* --max-queue - the running slots */
+    struct waiter *wait_head, *wait_tail; /* the waiting requests, in arrival order */
+    int n_ids;                            /* --max-sessions: session ids 0..n_ids-1 */
+    int *id_free;                         /* [n_ids] 1 = session id i is not running */
+    int in_flight;                        /* HTTP requests between the first call and completion */
+    int stopping;                         /* shutdown began: refuse, end streams */
     struct conn **conns; /* [max_running * 2] requests holding a job (abort at shutdown) */
     int n_conns, cap_conns;
     serve_metrics m; /* (mu) /metrics counters */
@@ -456,29 +456,60 @@ static int pick_session(server *s, const int32_t *prompt, int n) {
     return id;
 }
 
+/* A request waiting for a running slot (on its connection's stack). */
+typedef struct waiter {
+    struct waiter *next;
+} waiter;
+
+static void wait_unlink(server *s, waiter *w) {
+    waiter **pp = &s->wait_head, *prev = NULL;
+    while (*pp && *pp != w) prev = *pp, pp = &(*pp)->next;
+    if (!*pp) return;
+    *pp = w->next;
+    if (s->wait_tail == w) s->wait_tail = prev;
+    s->waiting--;
+    pthread_cond_broadcast(&s->cv); /* the next one in line may go */
+}
+
 /* Takes a running slot and a session for prompt. When --parallel are
- * running, waits in arrival order (a ticket) for one to end, as long as
- * fewer than --max-queue - --parallel wait already; -1 when the queue is
- * full (429) or the server shuts down. */
-static int admit(server *s, const int32_t *prompt, int n) {
+ * running, waits in arrival order for one to end, as long as fewer than
+ * --max-queue - --parallel wait already, looking every 250 ms whether its
+ * client left (gone(gone_ctx), may be NULL); -1 when the queue is full
+ * (429) or the server shuts down, -2 when the client left. */
+static int admit(server *s, const int32_t *prompt, int n, int (*gone)(void *), void *gone_ctx) {
     int id = -1;
     pthread_mutex_lock(&s->mu);
     int queued = 0;
-    uint64_t ticket = 0;
     if (!s->stopping && (s->running >= s->max_running || s->waiting > 0)) {
-        if (s->waiting < s->max_waiting) {
-            ticket = s->ticket_tail++;
-            s->waiting++;
-            queued = 1;
-            while (!s->stopping && (s->running >= s->max_running || s->ticket_head != ticket))
-                pthread_cond_wait(&s->cv, &s->mu);
-            s->waiting--;
-            s->ticket_head++; /* the next one in line may go (or leave at shutdown) */
-            pthread_cond_broadcast(&s->cv);
-        } else {
+        if (s->waiting >= s->max_waiting) {
             pthread_mutex_unlock(&s->mu);
             return -1;
         }
+        waiter me = {NULL};
+        if (s->wait_tail)
+            s->wait_tail->next = &me;
+        else
+            s->wait_head = &me;
+        s->wait_tail = &me;
+        s->waiting++;
+        queued = 1;
+        while (!s->stopping && (s->running >= s->max_running || s->wait_head != &me)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 250 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+            if (gone && !s->stopping && gone(gone_ctx)) {
+                s->m.left_waiting++;
+                wait_unlink(s, &me);
+                pthread_mutex_unlock(&s->mu);
+                return -2;
+            }
+        }
+        wait_unlink(s, &me);
     }
     if (!s->stopping && s->running < s->max_running) {
         id = pick_session(s, prompt, n);
@@ -495,14 +526,17 @@ static int admit(server *s, const int32_t *prompt, int n) {
 /* The job's done callback (its thread) or a start that failed. */
 typedef struct done_ctx {
     server *srv;
-    int session; /* -1 until admitted */
+    struct conn *k; /* the request, for the client-gone probe while it waits */
+    int session;    /* -1 until admitted */
 } done_ctx;
+
+static int client_gone(void *ctx);
 
 /* serve_job_start's admission callback. */
 static int job_admit(void *ctx, const int32_t *prompt, int n) {
     done_ctx *d = ctx;
-    d->session = admit(d->srv, prompt, n);
-    if (d->session < 0) {
+    d->session = admit(d->srv, prompt, n, client_gone, d->k);
+    if (d->session == -1) {
         pthread_mutex_lock(&d->srv->mu);
         d->srv->m.rejected_queue++;
         pthread_mutex_unlock(&d->srv->mu);
@@ -596,6 +630,7 @@ static enum MHD_Result run_generation(conn *k, struct MHD_Connection *c) {
     }
     done_ctx *d = k3_xmalloc(sizeof *d);
     d->srv = s;
+    d->k = k;
     d->session = -1;
     int ok = serve_job_start(&k->job, s->eng, &r, &s->lim, job_admit, job_done, d, &e);
     int stream = r.stream;

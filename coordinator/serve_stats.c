@@ -145,6 +145,9 @@ char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int 
            (double)max_running);
     metric(&b, "k3_requests_queued_total", "counter",
            "generations that waited for a running slot before they ran", (double)m->queued);
+    metric(&b, "k3_requests_left_waiting_total", "counter",
+           "requests whose client left while they waited for a running slot",
+           (double)m->left_waiting);
     int live = 0, busy = 0;
     k3_engine_sessions(e, &live, &busy);
     metric(&b, "k3_sessions", "gauge", "sessions held (idle or running)", (double)live);

@@ -25,6 +25,7 @@ typedef struct serve_metrics {
     uint64_t generations;       /* generations that ran (ended, for any reason) */
     uint64_t rejected_queue;    /* 429: --max-queue full */
     uint64_t queued;            /* admitted after waiting for a running slot */
+    uint64_t left_waiting;      /* clients that left while waiting for a slot */
     uint64_t cancelled, failed; /* the client went away; the engine failed */
     uint64_t prompt_tokens;     /* prompt tokens of every generation */
     uint64_t cached_tokens;     /* of which reused from a session (no prefill) */

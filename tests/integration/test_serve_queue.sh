@@ -8,7 +8,9 @@
 #     2), the last two get 429 queue_full with Retry-After at once;
 #   - the three admitted ones all answer 200, in arrival order, and the
 #     metrics count 2 generations that waited; afterwards the queue is empty;
-#   - a request after them is served at once (queue 0).
+#   - a request after them is served at once (queue 0);
+#   - a client that leaves while it waits leaves the queue within ~250 ms
+#     (k3_requests_left_waiting_total 1) and is not run.
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C"
 make_tmp k3serve_queue
@@ -79,4 +81,24 @@ fi
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Content-Type: application/json" \
     -d '{"prompt": "hello", "max_tokens": 2}' "$URL/v1/completions")
 [ "$code" = 200 ] && ok "the next request is served (200)" || bad "the next request: $code"
+
+# a waiting client that goes away: one long request runs, the second gives
+# up after 0.8 s of waiting
+curl -s -o /dev/null -H "Content-Type: application/json" -d @"$T/req1.json" \
+    "$URL/v1/completions" &
+RUN=$!
+sleep 0.3
+curl -s -o /dev/null --max-time 0.8 -H "Content-Type: application/json" -d @"$T/req2.json" \
+    "$URL/v1/completions"
+sleep 0.6
+q=$(health queue)
+lw=$(metric k3_requests_left_waiting_total)
+[ "$q" = 0 ] && [ "$lw" = 1 ] &&
+    ok "a client that left while waiting left the queue (queue $q, k3_requests_left_waiting_total $lw)" ||
+    bad "a client that left while waiting: queue '$q', k3_requests_left_waiting_total '$lw'"
+wait "$RUN"
+sleep 0.3
+qd=$(metric k3_requests_queued_total)
+[ "$qd" = 2 ] && ok "the client that left was never run (k3_requests_queued_total still $qd)" ||
+    bad "the client that left: k3_requests_queued_total '$qd', expected 2"
 exit $fail
