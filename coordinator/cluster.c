@@ -294,6 +294,7 @@ static void on_hello_ok(k3_cluster *c, cl_stage *s, const proto_msg *m) {
     const proto_hello_ok *h = &m->u.hello_ok;
     char err[512], lab[512];
     if (s->a < 0) cl_fmt(s->name, sizeof s->name, "%s", h->name); /* for the messages below */
+    s->ver_minor = m->ver_major == PROTO_VERSION_MAJOR ? m->ver_minor : 0;
     k3_status st = proto_check_compat(c->fp, &c->num, h->fingerprint, &h->num, err, sizeof err);
     if (!st)
         st = k3_link_check_build(k3_link_build(), "coordinator", h->build, "worker", err,
@@ -737,8 +738,15 @@ static void handle_ctl(k3_cluster *c, cl_ctl *x) {
         ctl_finish(c, x, K3_ERR_IO, "worker not registered");
         return;
     }
+    int ck = x->type == PROTO_MSG_CHECKPOINT || x->type == PROTO_MSG_RESTORE;
+    if (ck && s->epoch != x->epoch) {
+        ctl_finish(c, x, K3_ERR_STATE, "the worker re-registered: the session's state is gone");
+        return;
+    }
     cl_req *r = k3_xcalloc(1, sizeof *r);
     proto_msg_init(&r->msg, x->type, ++c->next_id, s->epoch);
+    if (ck) /* cluster_ckpt.c */
+        r->msg.u.ckpt = (proto_ckpt){.session = x->session, .pos = x->n, .keep = x->keep};
     r->ctl = x;
     if (send_req(c, s, r, NULL, NULL, 0, err, sizeof err)) ctl_finish(c, x, K3_ERR_IO, err);
 }
@@ -830,7 +838,10 @@ static void io_take_work(k3_cluster *c) {
     }
     for (cl_job *j = c->active, *next; j; j = next) {
         next = j->next;
-        if (!j->started && !j->finished) job_start(c, j);
+        if (j->cancel_req && !j->finished) /* CANCEL to the workers that hold a piece */
+            job_fail(c, j, K3_ERR_CANCEL, "cluster: step cancelled by the caller");
+        else if (!j->started && !j->finished)
+            job_start(c, j);
     }
     while (c->ctl_in) {
         cl_ctl *x = c->ctl_in;
@@ -1245,8 +1256,8 @@ static void tr_state_close(k3_trunk *t, void **state) {
             *pp = x->next;
             break;
         }
-    /* free the workers' slots: the sockets are the I/O thread's, so it
-     * sends the DROPs at its next turn */
+    /* free the workers' slots (and their checkpoints): the sockets are the
+     * I/O thread's, so it sends the DROPs at its next turn */
     for (int p = 0; p < c->n && x->used && c->ordered && !c->stopping; p++) {
         cl_ctl *d = k3_xcalloc(1, sizeof *d);
         d->stage = p;
@@ -1306,7 +1317,24 @@ static k3_status tr_forward(k3_trunk *t, void *state, int pos0, int T, float *bl
     j->next = c->incoming;
     c->incoming = j;
     cl_wake(c);
-    while (!j->finished) pthread_cond_wait(&c->cv, &c->mu);
+    while (!j->finished) {
+        if (!x->cancel) {
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        if (!j->cancel_req && atomic_load_explicit(x->cancel, memory_order_acquire)) {
+            j->cancel_req = 1; /* the I/O thread sends the CANCELs (it owns the sockets) */
+            cl_wake(c);
+        }
+        struct timespec ts; /* the flag is looked at every 5 ms */
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 5 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+    }
     pthread_mutex_unlock(&c->mu);
 
     k3_status st = j->st;
@@ -1325,6 +1353,14 @@ static k3_status tr_forward(k3_trunk *t, void *state, int pos0, int T, float *bl
     return st;
 }
 
+static void tr_set_cancel(k3_trunk *t, void *state, const atomic_int *cancel) {
+    k3_cluster *c = t->impl;
+    cl_sess *x = state;
+    pthread_mutex_lock(&c->mu);
+    x->cancel = cancel;
+    pthread_mutex_unlock(&c->mu);
+}
+
 static void tr_close(k3_trunk *t) { t->impl = NULL; /* the cluster is borrowed */ }
 
 static const k3_trunk_ops cluster_ops = {
@@ -1333,6 +1369,10 @@ static const k3_trunk_ops cluster_ops = {
     .state_close = tr_state_close,
     .state_reset = tr_state_reset,
     .forward = tr_forward,
+    .set_cancel = tr_set_cancel,
+    .ckpt_save = cl_tr_ckpt_save,
+    .ckpt_restore = cl_tr_ckpt_restore,
+    .ckpt_free = cl_tr_ckpt_free,
     .close = tr_close,
 };
 

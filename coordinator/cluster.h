@@ -28,7 +28,9 @@
  * step is deterministic.
  *
  * Not handled: several coordinators sharing one worker (the newest HELLO
- * wins), checkpoints (a diverging prompt resets), routing look-ahead.
+ * wins), routing look-ahead. Turn checkpoints live on the workers
+ * (cluster_ckpt.c, CHECKPOINT / RESTORE): a diverging prompt restores the
+ * deepest one within the common prefix, else it resets.
  */
 #ifndef K3_CLUSTER_H
 #define K3_CLUSTER_H

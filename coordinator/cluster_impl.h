@@ -12,6 +12,7 @@
 #define K3_CLUSTER_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
 
@@ -50,6 +51,7 @@ typedef struct cl_stage {
     int n_pending;              /* of which FORWARDs (occupancy counts steps only) */
     double progress_ms;         /* last sign that pending steps advance (see link_timers) */
     proto_hello_ok info;        /* the last HELLO_OK */
+    int ver_minor;              /* its protocol minor (CHECKPOINT needs 1.2) */
     pid_t pid;                  /* local worker, 0 otherwise */
     int registered_since_spawn; /* local: a HELLO_OK came since the last start */
     int restarts;               /* local: times it was restarted after dying */
@@ -70,14 +72,15 @@ typedef struct cl_stage {
 typedef struct cl_sess {
     uint64_t id;
     int max_ctx;
-    int pos;           /* tokens committed on every stage */
-    int broken;        /* a step failed midway */
-    int lost;          /* a worker lost its state (eviction, new epoch) */
-    int reset_pending; /* send SESSION_RESET before the next step */
-    int used;          /* a step was ever sent (workers may hold state) */
-    int busy;          /* a job is running */
-    uint64_t step;     /* step counter (one per micro-chunk) */
-    uint64_t *epoch;   /* [n stages, layer order]: epoch its state lives in */
+    int pos;                  /* tokens committed on every stage */
+    int broken;               /* a step failed midway */
+    int lost;                 /* a worker lost its state (eviction, new epoch) */
+    int reset_pending;        /* send SESSION_RESET before the next step */
+    int used;                 /* a step was ever sent (workers may hold state) */
+    int busy;                 /* a job is running */
+    const atomic_int *cancel; /* the caller's flag while a step runs (set_cancel), may be NULL */
+    uint64_t step;            /* step counter (one per micro-chunk) */
+    uint64_t *epoch;          /* [n stages, layer order]: epoch its state lives in */
     struct cl_sess *next;
 } cl_sess;
 
@@ -103,6 +106,7 @@ typedef struct cl_job {
     k3_step_stats stats;
     double wait_until_ms; /* waiting for workers to register until then */
     int started, finished;
+    int cancel_req; /* the caller's cancel flag was seen: the I/O thread fails the job */
     k3_status st;
     char err[1024];
     struct cl_job *next;
@@ -110,9 +114,10 @@ typedef struct cl_job {
 
 typedef struct cl_ctl { /* a control request from a caller thread */
     int stage;          /* layer order */
-    proto_type type;    /* STATS (a caller waits), SESSION_DROP (nobody waits) */
-    uint64_t session;   /* SESSION_DROP: the session */
-    uint64_t epoch;     /* SESSION_DROP: only while the link is in this epoch */
+    proto_type type;    /* STATS, CHECKPOINT, RESTORE (a caller waits), SESSION_DROP (nobody) */
+    uint64_t session;   /* SESSION_DROP, CHECKPOINT, RESTORE: the session */
+    uint64_t epoch;     /* the same: only while the link is in this epoch */
+    uint32_t n, keep;   /* CHECKPOINT, RESTORE: position; CHECKPOINT: count kept */
     int owned;          /* nobody waits: the I/O thread frees it */
     int done;
     k3_status st;
@@ -180,5 +185,11 @@ void cl_local_stop(k3_cluster *c);
  * died before registering (or could not be started again): not restarted.
  * why says what happened, with the pid and the exit status or signal. */
 int cl_local_reap(k3_cluster *c, int i, char *why, size_t cap);
+
+/* cluster_ckpt.c: the trunk's checkpoint operations (generate.h) on the
+ * workers (CHECKPOINT / RESTORE, PROTOCOL.md "Checkpoints"). */
+k3_status cl_tr_ckpt_save(k3_trunk *t, void *state, int keep, void **ck, char *err, size_t errlen);
+k3_status cl_tr_ckpt_restore(k3_trunk *t, void *state, const void *ck, char *err, size_t errlen);
+void cl_tr_ckpt_free(k3_trunk *t, void **ck);
 
 #endif

@@ -19,6 +19,7 @@
 #include "common/engine/model.h"
 #include "common/experts/experts.h"
 #include "common/vk/vk_tier.h"
+#include "coordinator/ckpt_dir.h"
 
 /* One entry of the session table. */
 typedef struct eng_slot {
@@ -40,6 +41,7 @@ struct k3_engine {
     int max_resumes;       /* k3_cluster_generate's replays */
     int resume_wait_ms;    /* ... and how long each waits */
     int ckpt;              /* turn checkpoints per session */
+    k3_ckpt_dir *store;    /* --ckpt-dir, owned, NULL = none */
     pthread_mutex_t mu;    /* guards slots and clock */
     eng_slot *slots;       /* [n_slots], owned */
     int n_slots;
@@ -157,14 +159,21 @@ k3_status k3_engine_open(k3_engine **out, const k3_engine_open_opts *o, char *er
     k3_status st = open_model(e, o, err, errlen);
     if (!st) st = open_tokenizer(e, err, errlen);
     if (!st) st = open_trunk(e, o, err, errlen);
+    if (!st && o->ckpt_dir && o->ckpt_dir[0] && e->ckpt > 0) {
+        if (e->cluster)
+            K3_WARN("--ckpt-dir %s: checkpoints are parked on disk in-process only (--local 0); "
+                    "the workers keep theirs in memory",
+                    o->ckpt_dir);
+        else
+            st = k3_ckpt_dir_open(&e->store, o->ckpt_dir, k3_model_fingerprint(e->model),
+                                  e->n_slots * e->ckpt, err, errlen);
+    } else if (!st && o->ckpt_dir && o->ckpt_dir[0]) {
+        K3_WARN("--ckpt-dir %s without --ckpt N: nothing is parked", o->ckpt_dir);
+    }
     if (st) {
         k3_engine_close(&e);
         return st;
     }
-    if (e->ckpt > 0 && e->cluster)
-        K3_WARN("turn checkpoints (--ckpt %d) are in-process only for now (--local 0): workers "
-                "keep none, an edited turn replays the conversation",
-                e->ckpt);
     *out = e;
     return K3_OK;
 }
@@ -175,6 +184,7 @@ void k3_engine_close(k3_engine **ep) {
     for (int i = 0; i < e->n_slots; i++) k3_session_close(&e->slots[i].sess);
     k3_trunk_close(&e->trunk);
     k3_cluster_close(&e->cluster);
+    k3_ckpt_dir_close(&e->store);
     k3_tok_close(&e->tok);
     char err[512];
     if (e->model && k3_model_usage_save(e->model, err, sizeof err) != K3_OK)
@@ -327,8 +337,11 @@ k3_status k3_engine_generate(k3_engine *e, const k3_engine_req *req, k3_engine_r
     k3_session *sess = NULL, *old = NULL;
     if ((st = slot_take(e, req->session_id, max_ctx, &slot, &sess, &old, err, errlen))) return st;
     k3_session_close(&old);
-    k3_session_opts so = {
-        .max_ctx = max_ctx, .chunk = e->chunk, .progress = e->progress, .ckpt = e->ckpt};
+    k3_session_opts so = {.max_ctx = max_ctx,
+                          .chunk = e->chunk,
+                          .progress = e->progress,
+                          .ckpt = e->ckpt,
+                          .store = e->store};
     if (!sess) st = k3_session_open(&sess, e->model, e->trunk, &so, err, errlen);
     if (!st) {
         st = run_session(e, sess, req, &res->gen, err, errlen);

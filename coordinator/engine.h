@@ -55,16 +55,18 @@ typedef struct k3_engine_open_opts {
     /* The trunk: in-process when cluster.n_workers == 0 and cluster.local
      * == 0, else these workers; .model and .exact are filled by the engine. */
     k3_cluster_opts cluster;
-    int want_trace;     /* requests will trace: warn before a cluster starts that it traces
-                           only each stage's last layer */
-    int chunk;          /* prefill chunk, tokens, 1..K3_MAX_CHUNK */
-    int progress;       /* one stderr line per prefill chunk */
-    int n_sessions;     /* sessions held at once, 1..K3_MAX_SESSIONS; the least recently used
-                           idle one is closed to make room */
-    int max_resumes;    /* replays after a worker loss, per generate call */
-    int resume_wait_ms; /* how long a replay waits for the cluster to be whole */
-    int ckpt;           /* turn checkpoints per session (generate.h), 0 = none; in-process
-                           only for now (with workers: a warning, none kept) */
+    int want_trace;       /* requests will trace: warn before a cluster starts that it traces
+                             only each stage's last layer */
+    int chunk;            /* prefill chunk, tokens, 1..K3_MAX_CHUNK */
+    int progress;         /* one stderr line per prefill chunk */
+    int n_sessions;       /* sessions held at once, 1..K3_MAX_SESSIONS; the least recently used
+                             idle one is closed to make room */
+    int max_resumes;      /* replays after a worker loss, per generate call */
+    int resume_wait_ms;   /* how long a replay waits for the cluster to be whole */
+    int ckpt;             /* turn checkpoints per session (generate.h), 0 = none; with workers
+                             they live on the workers (PROTOCOL.md "Checkpoints") */
+    const char *ckpt_dir; /* --ckpt-dir: checkpoints parked on disk too (in-process), NULL =
+                             none; a restarted engine resumes from them (coordinator/ckpt_dir.h) */
 } k3_engine_open_opts;
 
 /* Defaults: no engine options (set .eng), k3_cluster_opts_default (2 local
@@ -119,7 +121,8 @@ typedef struct k3_engine_req {
      * the generation stops before its next step (every prefill chunk,
      * every decode token) and returns K3_ERR_CANCEL. The session keeps the
      * ids committed so far (prompt chunks and generated tokens), so the
-     * next request on it reuses them. */
+     * next request on it reuses them. Set while a prefill chunk runs, it
+     * stops the chunk within one layer step; the session then resets. */
     const atomic_int *cancel;
     int ignore_eos; /* 1: an eos id does not stop the generation (ngen and context still do) */
 } k3_engine_req;

@@ -20,6 +20,7 @@
 
 #include "common/base/limits.h"
 #include "common/base/log.h"
+#include "coordinator/ckpt_dir.h"
 
 /* ---- in-process trunk --------------------------------------------------- */
 
@@ -56,13 +57,19 @@ static k3_status inproc_forward(k3_trunk *t, void *state, int pos0, int T, float
                             errlen);
 }
 
+static void inproc_set_cancel(k3_trunk *t, void *state, const atomic_int *cancel) {
+    (void)t;
+    k3_stage_set_cancel(state, cancel);
+}
+
 static size_t inproc_state_bytes(k3_trunk *t, void *state) {
     (void)t;
     return k3_state_bytes(state);
 }
 
-static k3_status inproc_ckpt_save(k3_trunk *t, void *state, void **ck, char *err, size_t errlen) {
-    (void)t;
+static k3_status inproc_ckpt_save(k3_trunk *t, void *state, int keep, void **ck, char *err,
+                                  size_t errlen) {
+    (void)t, (void)keep;
     k3_state_ckpt *c = NULL;
     k3_status st = k3_state_save(state, &c, err, errlen);
     *ck = c;
@@ -82,6 +89,26 @@ static void inproc_ckpt_free(k3_trunk *t, void **ck) {
     *ck = NULL;
 }
 
+static size_t inproc_ckpt_bytes(k3_trunk *t, const void *ck) {
+    (void)t;
+    return k3_state_ckpt_bytes(ck);
+}
+
+static uint64_t inproc_dump_bytes(k3_trunk *t, void *state, int pos) {
+    (void)t;
+    return k3_state_dump_bytes(state, pos);
+}
+
+static k3_status inproc_dump(k3_trunk *t, void *state, FILE *f, char *err, size_t errlen) {
+    (void)t;
+    return k3_state_dump(state, f, err, errlen);
+}
+
+static k3_status inproc_load(k3_trunk *t, void *state, FILE *f, int pos, char *err, size_t errlen) {
+    (void)t;
+    return k3_state_load(state, f, pos, err, errlen);
+}
+
 static void inproc_close(k3_trunk *t) {
     free(t->impl);
     t->impl = NULL;
@@ -93,10 +120,15 @@ static const k3_trunk_ops inproc_ops = {
     .state_close = inproc_state_close,
     .state_reset = inproc_state_reset,
     .forward = inproc_forward,
+    .set_cancel = inproc_set_cancel,
     .state_bytes = inproc_state_bytes,
     .ckpt_save = inproc_ckpt_save,
     .ckpt_restore = inproc_ckpt_restore,
     .ckpt_free = inproc_ckpt_free,
+    .ckpt_bytes = inproc_ckpt_bytes,
+    .state_dump_bytes = inproc_dump_bytes,
+    .state_dump = inproc_dump,
+    .state_load = inproc_load,
     .close = inproc_close,
 };
 
@@ -146,6 +178,7 @@ struct k3_session {
     k3_step_stats stats; /* summed since open */
     int n_reused;        /* ids kept by the last feed (prefix or checkpoint) */
     int max_ckpt;        /* turn checkpoints kept, 0 = none */
+    k3_ckpt_dir *store;  /* parked checkpoints (--ckpt-dir), borrowed, may be NULL */
     int n_ckpt;          /* held, oldest first; positions ascending */
     void *ckpt[K3_MAX_CKPT];
     int ckpt_pos[K3_MAX_CKPT];
@@ -191,6 +224,7 @@ k3_status k3_session_open(k3_session **out, k3_model *m, k3_trunk *trunk, const 
     s->has_head = cfg->n_layers == cfg->n_layers_full;
     s->max_ckpt =
         trunk->ops->ckpt_save && o->ckpt > 0 ? (o->ckpt < K3_MAX_CKPT ? o->ckpt : K3_MAX_CKPT) : 0;
+    s->store = s->max_ckpt > 0 && trunk->ops->state_dump ? o->store : NULL;
 
     size_t D = (size_t)s->D, C = (size_t)s->chunk;
     k3_status st;
@@ -276,8 +310,11 @@ static k3_status sess_step(k3_session *s, const int32_t *ids, int T, const k3_fe
         k3_err_prefix(err, errlen, "positions %d..%d", pos0, pos0 + T - 1);
         return st;
     }
+    const atomic_int *cancel = hk ? hk->cancel : NULL;
+    if (cancel && s->trunk->ops->set_cancel) s->trunk->ops->set_cancel(s->trunk, s->state, cancel);
     st = s->trunk->ops->forward(s->trunk, s->state, pos0, T, s->blocks, &nb, s->h, &stats,
                                 hk ? hk->trace : NULL, hk ? hk->trace_ctx : NULL, err, errlen);
+    if (cancel && s->trunk->ops->set_cancel) s->trunk->ops->set_cancel(s->trunk, s->state, NULL);
     stats_add(&s->stats, &stats);
     if (st) goto fail;
     s->logits_valid = 0;
@@ -407,6 +444,22 @@ k3_status k3_session_feed(k3_session *s, const int32_t *ids, int n, const k3_fee
             }
         }
     }
+    if (s->store) { /* a parked checkpoint deeper than what is kept (a restart) */
+        char path[K3_MAX_PATH + 40], rerr[512];
+        int base = keep ? s->n_ids : 0, p = 0;
+        if (k3_ckpt_dir_find(s->store, ids, n, base, s->max_ctx, path, sizeof path, &p)) {
+            k3_session_reset(s);
+            keep = 0;
+            if (k3_ckpt_dir_load(s->store, path, p, ids, s->trunk, s->state, rerr, sizeof rerr)) {
+                K3_WARN("session: parked checkpoint not loaded (%s): replaying", rerr);
+            } else {
+                memcpy(s->ids, ids, sizeof(int32_t) * (size_t)p);
+                s->n_ids = p;
+                keep = 1;
+                K3_INFO("session: checkpoint at %d loaded from %s", p, path);
+            }
+        }
+    }
     if (!keep) k3_session_reset(s);
     s->n_reused = s->n_ids;
     int tail = n - s->n_ids;
@@ -430,7 +483,7 @@ k3_status k3_session_checkpoint(k3_session *s, char *err, size_t errlen) {
     if (s->max_ckpt == 0 || s->n_ids == 0) return K3_OK;
     if (s->n_ckpt > 0 && s->ckpt_pos[s->n_ckpt - 1] == s->n_ids) return K3_OK; /* have it */
     void *ck = NULL;
-    k3_status st = s->trunk->ops->ckpt_save(s->trunk, s->state, &ck, err, errlen);
+    k3_status st = s->trunk->ops->ckpt_save(s->trunk, s->state, s->max_ckpt, &ck, err, errlen);
     if (st) return st;
     if (s->n_ckpt == s->max_ckpt) { /* drop the oldest */
         s->trunk->ops->ckpt_free(s->trunk, &s->ckpt[0]);
@@ -440,6 +493,11 @@ k3_status k3_session_checkpoint(k3_session *s, char *err, size_t errlen) {
     }
     s->ckpt[s->n_ckpt] = ck;
     s->ckpt_pos[s->n_ckpt++] = s->n_ids;
+    if (s->store) { /* parked too: a failure costs only the restart's saving */
+        char derr[512];
+        if (k3_ckpt_dir_save(s->store, s->trunk, s->state, s->ids, s->n_ids, derr, sizeof derr))
+            K3_WARN("session: checkpoint at %d not parked on disk: %s", s->n_ids, derr);
+    }
     return K3_OK;
 }
 
@@ -455,7 +513,8 @@ int k3_session_reusable(const k3_session *s, const int32_t *ids, int n) {
 int k3_session_n_ckpt(const k3_session *s, size_t *bytes) {
     if (bytes) {
         *bytes = 0;
-        for (int i = 0; i < s->n_ckpt; i++) *bytes += k3_state_ckpt_bytes(s->ckpt[i]);
+        for (int i = 0; i < s->n_ckpt && s->trunk->ops->ckpt_bytes; i++)
+            *bytes += s->trunk->ops->ckpt_bytes(s->trunk, s->ckpt[i]);
     }
     return s->n_ckpt;
 }

@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/base/err.h"
 #include "common/engine/model.h"
@@ -51,13 +52,30 @@ typedef struct k3_trunk_ops {
     k3_status (*forward)(k3_trunk *t, void *state, int pos0, int T, float *blocks, int *nb,
                          float *h, k3_step_stats *stats, k3_trace_fn trace, void *trace_ctx,
                          char *err, size_t errlen);
+    /* Cancellation inside a forward (NULL = none; the op may be NULL): once
+     * *cancel is nonzero the running forward stops within one layer step
+     * (in-process: before its next layer; a cluster: CANCEL to the workers,
+     * which stop before their next layer) and fails with K3_ERR_CANCEL; the
+     * state must then be reset. Set before a forward, cleared after. */
+    void (*set_cancel)(k3_trunk *t, void *state, const atomic_int *cancel);
     /* Bytes of the state held in this process (0 when it lives elsewhere). */
     size_t (*state_bytes)(k3_trunk *t, void *state);
-    /* Turn checkpoints (stage.h k3_state_ckpt); NULL = not supported (the
-     * cluster: its workers would need CHECKPOINT/RESTORE messages). */
-    k3_status (*ckpt_save)(k3_trunk *t, void *state, void **ck, char *err, size_t errlen);
+    /* Turn checkpoints at the state's position (stage.h k3_state_ckpt in
+     * process; on a cluster the workers hold them, PROTOCOL.md
+     * "Checkpoints"); NULL = not supported. keep: checkpoints the session
+     * keeps, the oldest dropped first (a cluster's workers drop theirs in
+     * step). A failed restore leaves the state to be reset. */
+    k3_status (*ckpt_save)(k3_trunk *t, void *state, int keep, void **ck, char *err, size_t errlen);
     k3_status (*ckpt_restore)(k3_trunk *t, void *state, const void *ck, char *err, size_t errlen);
     void (*ckpt_free)(k3_trunk *t, void **ck);
+    /* Bytes a checkpoint holds in this process (NULL: 0, they live elsewhere). */
+    size_t (*ckpt_bytes)(k3_trunk *t, const void *ck);
+    /* The whole state as bytes (stage.h k3_state_dump / k3_state_load:
+     * checkpoints parked on disk, coordinator/ckpt_dir.h); NULL = not
+     * supported (a cluster: the state lives on the workers). */
+    uint64_t (*state_dump_bytes)(k3_trunk *t, void *state, int pos);
+    k3_status (*state_dump)(k3_trunk *t, void *state, FILE *f, char *err, size_t errlen);
+    k3_status (*state_load)(k3_trunk *t, void *state, FILE *f, int pos, char *err, size_t errlen);
     void (*close)(k3_trunk *t); /* frees impl, not t */
 } k3_trunk_ops;
 
@@ -74,6 +92,7 @@ void k3_trunk_close(k3_trunk **t);
 /* ---- session ---------------------------------------------------------- */
 
 typedef struct k3_session k3_session;
+struct k3_ckpt_dir;
 
 typedef struct k3_session_opts {
     int max_ctx;  /* capacity in tokens, 1..K3_MAX_CTX */
@@ -81,6 +100,8 @@ typedef struct k3_session_opts {
     int progress; /* one stderr line per prefill chunk */
     int ckpt;     /* turn checkpoints kept, 0..K3_MAX_CKPT (0 = none; ignored when the trunk
                      has no checkpoints) */
+    struct k3_ckpt_dir *store; /* checkpoints parked on disk too (--ckpt-dir), borrowed; NULL =
+                                  none; used only with ckpt > 0 and a trunk that dumps its state */
 } k3_session_opts;
 
 /* Per-chunk hooks of a feed; every field may be NULL. */
@@ -98,7 +119,10 @@ typedef struct k3_feed_hooks {
     void *progress_ctx;
     /* Cancellation (NULL = none): read before every chunk; once nonzero the
      * feed stops there with K3_ERR_CANCEL and the session keeps the chunks
-     * committed so far (a later feed extending them reuses them). */
+     * committed so far (a later feed extending them reuses them). Set
+     * while a chunk runs, it stops the chunk within one layer step (the
+     * trunk's set_cancel); the session then resets (its state is half a
+     * chunk further on some layers) and keeps nothing. */
     const atomic_int *cancel;
 } k3_feed_hooks;
 
@@ -119,7 +143,9 @@ int k3_session_has_head(const k3_session *s);
 /* Brings the session to exactly ids[0, n): when ids extends the committed
  * ids only the tail is prefilled; otherwise the deepest turn checkpoint
  * whose position is within the common prefix (and before n) is restored
- * and the rest prefilled, else the session resets and prefills everything. *logits (if not NULL)
+ * and the rest prefilled, else the session resets and prefills everything.
+ * With a store (opts.store), a parked checkpoint deeper than what the
+ * session would keep is loaded from disk instead. *logits (if not NULL)
  * receives the logits [vocab] of the last position, valid until the next call on the session;
  * *n_fed the number of tokens actually prefilled (also when cancelled part way). Errors: n < 1, n >
  * max_ctx, an id outside the vocabulary, non-finite logits, a trunk failure (the session is then

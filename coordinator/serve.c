@@ -5,7 +5,8 @@
  * K3_SERVE_MAX_BODY) -> body accumulated up to K3_SERVE_MAX_BODY (more is a
  * 413; a body slower than --conn-timeout-s closes the connection) ->
  * serve_req_parse -> serve_job_start (renders, checks the context, then
- * admission: at most --max-queue generations at once, else 429) -> either a
+ * admission: at most --parallel generations run at once, up to --max-queue
+ * in all wait for a slot in arrival order, one more is a 429) -> either a
  * callback response that streams the job's SSE events, or the complete JSON
  * once the job is finished. libmicrohttpd runs every connection on a thread
  * of its own (at most --max-conns), so the access handler and the stream
@@ -63,9 +64,11 @@ typedef struct serve_opts {
     int port;
     k3_cluster_cli cl;  /* K3_CLUSTER_OPT_ROWS: --local, --workers, liveness, keys */
     char *api_key;      /* required Bearer token, NULL = open */
-    int max_queue;      /* generations admitted at once */
-    int max_sessions;   /* sessions kept for prefix reuse (>= max_queue) */
+    int max_queue;      /* generations admitted at once: running + waiting for a slot */
+    int parallel;       /* generations running at once (at most max_queue) */
+    int max_sessions;   /* sessions kept for prefix reuse (>= parallel) */
     int ckpt;           /* turn checkpoints per session */
+    char *ckpt_dir;     /* checkpoints parked on disk too */
     int ctx;            /* context of every session, tokens */
     int max_tokens;     /* default max_tokens */
     int chunk;          /* prefill chunk */
@@ -109,11 +112,22 @@ static const k3_opt serve_table[] = {
      .env = "K3_MAX_QUEUE",
      .type = K3_OPT_INT,
      .offset = O(max_queue),
+     .def = "16",
+     .min = 1,
+     .max = K3_SERVE_MAX_QUEUE,
+     .metavar = "N",
+     .help = "generations admitted at once: --parallel run, the rest wait in arrival order for "
+             "a slot; one more is refused with 429 and Retry-After"},
+    {.name = "parallel",
+     .flag = "--parallel",
+     .env = "K3_PARALLEL",
+     .type = K3_OPT_INT,
+     .offset = O(parallel),
      .def = "8",
      .min = 1,
      .max = K3_SERVE_MAX_QUEUE,
      .metavar = "N",
-     .help = "generations running at once; one more is refused with 429"},
+     .help = "generations running at once (at most --max-queue: the smaller wins)"},
     {.name = "max_sessions",
      .flag = "--max-sessions",
      .env = "K3_MAX_SESSIONS",
@@ -123,7 +137,7 @@ static const k3_opt serve_table[] = {
      .min = 1,
      .max = K3_SERVE_MAX_QUEUE,
      .metavar = "N",
-     .help = "conversations kept for prefix reuse (>= --max-queue); a request takes the idle one "
+     .help = "conversations kept for prefix reuse (>= --parallel); a request takes the idle one "
              "whose ids are the longest prefix of its prompt, else the least recently used"},
     {.name = "ckpt",
      .flag = "--ckpt",
@@ -135,7 +149,15 @@ static const k3_opt serve_table[] = {
      .max = K3_MAX_CKPT,
      .metavar = "N",
      .help = "turn checkpoints kept per session (KDA states at each prompt's end): an edited "
-             "earlier turn restores the deepest one instead of replaying (in-process only)"},
+             "earlier turn restores the deepest one instead of replaying (on workers: CHECKPOINT)"},
+    {.name = "ckpt-dir",
+     .flag = "--ckpt-dir",
+     .env = "K3_CKPT_DIR",
+     .type = K3_OPT_STRING,
+     .offset = O(ckpt_dir),
+     .metavar = "DIR",
+     .help = "park every turn checkpoint in DIR too (in-process): a restarted server resumes "
+             "a conversation from its last turn instead of prefilling it (needs --ckpt N)"},
     {.name = "ctx",
      .flag = "--ctx",
      .env = "K3_MAXT",
@@ -229,16 +251,19 @@ typedef struct server {
     k3_engine *eng;
     const k3_engine_opts *eng_opts; /* directories for /health */
     serve_limits lim;
-    const char *api_key; /* NULL = open */
-    int body_timeout_ms; /* --conn-timeout-s: a body must arrive within it */
-    pthread_mutex_t mu;  /* guards the counts, the id pool and the job list */
-    pthread_cond_t cv;   /* signalled when a count drops */
-    int running;         /* generations admitted and not yet ended */
-    int max_running;     /* --max-queue */
-    int n_ids;           /* --max-sessions: session ids 0..n_ids-1 */
-    int *id_free;        /* [n_ids] 1 = session id i is not running */
-    int in_flight;       /* HTTP requests between the first call and completion */
-    int stopping;        /* shutdown began: refuse, end streams */
+    const char *api_key;                  /* NULL = open */
+    int body_timeout_ms;                  /* --conn-timeout-s: a body must arrive within it */
+    pthread_mutex_t mu;                   /* guards the counts, the id pool and the job list */
+    pthread_cond_t cv;                    /* signalled when a count drops */
+    int running;                          /* generations admitted and not yet ended */
+    int max_running;                      /* --parallel (at most --max-queue) */
+    int waiting;                          /* requests waiting for a running slot */
+    int max_waiting;                      /* --max-queue - the running slots */
+    struct waiter *wait_head, *wait_tail; /* the waiting requests, in arrival order */
+    int n_ids;                            /* --max-sessions: session ids 0..n_ids-1 */
+    int *id_free;                         /* [n_ids] 1 = session id i is not running */
+    int in_flight;                        /* HTTP requests between the first call and completion */
+    int stopping;                         /* shutdown began: refuse, end streams */
     struct conn **conns; /* [max_running * 2] requests holding a job (abort at shutdown) */
     int n_conns, cap_conns;
     serve_metrics m; /* (mu) /metrics counters */
@@ -373,9 +398,10 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, int route,
     if (route == ROUTE_METRICS) {
         pthread_mutex_lock(&s->mu);
         serve_metrics m = s->m;
-        int running = s->running;
+        int running = s->running, waiting = s->waiting;
         pthread_mutex_unlock(&s->mu);
-        char *text = serve_metrics_text(s->eng, &m, running, s->max_running);
+        char *text = serve_metrics_text(s->eng, &m, running, s->max_running, waiting,
+                                        s->max_running + s->max_waiting);
         struct MHD_Response *r =
             MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
         if (!r) {
@@ -393,10 +419,11 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, int route,
     k3_engine_sessions(s->eng, &live, &busy);
     pthread_mutex_lock(&s->mu);
     serve_metrics m = s->m;
-    json_t *o = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "status",
+    json_t *o = json_pack("{s:s,s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "status",
                           s->stopping ? "stopping" : "ok", "model", s->lim.model_id, "layers",
-                          cfg->n_layers, "context", s->lim.ctx, "queue", s->running, "running",
-                          s->running, "max_queue", s->max_running, "sessions", live, "max_sessions",
+                          cfg->n_layers, "context", s->lim.ctx, "queue", s->waiting, "running",
+                          s->running, "parallel", s->max_running, "max_queue",
+                          s->max_running + s->max_waiting, "sessions", live, "max_sessions",
                           s->n_ids, "sessions_busy", busy, "requests", s->in_flight);
     int http = s->stopping ? 503 : 200;
     pthread_mutex_unlock(&s->mu);
@@ -410,27 +437,86 @@ static enum MHD_Result get_route(server *s, struct MHD_Connection *c, int route,
 
 /* ---- generations ------------------------------------------------------------ */
 
-/* Takes a running slot and the idle session whose committed ids are the
- * longest prefix of prompt (ties and no reuse: the least recently used, a
- * never used one first); -1 when --max-queue are running or shutting down. */
-static int admit(server *s, const int32_t *prompt, int n) {
+/* The idle session whose committed ids are the longest prefix of prompt
+ * (ties and no reuse: the least recently used, a never used one first);
+ * s->mu held, a running slot taken. */
+static int pick_session(server *s, const int32_t *prompt, int n) {
     int id = -1, best = -1;
     uint64_t best_lu = 0;
+    for (int i = 0; i < s->n_ids; i++) {
+        if (!s->id_free[i]) continue;
+        uint64_t lu = 0;
+        int reuse = k3_engine_session_reuse(s->eng, (uint64_t)i, prompt, n, s->lim.ctx, &lu);
+        if (reuse > best || (reuse == best && lu < best_lu)) {
+            best = reuse;
+            best_lu = lu;
+            id = i;
+        }
+    }
+    return id;
+}
+
+/* A request waiting for a running slot (on its connection's stack). */
+typedef struct waiter {
+    struct waiter *next;
+} waiter;
+
+static void wait_unlink(server *s, waiter *w) {
+    waiter **pp = &s->wait_head, *prev = NULL;
+    while (*pp && *pp != w) prev = *pp, pp = &(*pp)->next;
+    if (!*pp) return;
+    *pp = w->next;
+    if (s->wait_tail == w) s->wait_tail = prev;
+    s->waiting--;
+    pthread_cond_broadcast(&s->cv); /* the next one in line may go */
+}
+
+/* Takes a running slot and a session for prompt. When --parallel are
+ * running, waits in arrival order for one to end, as long as fewer than
+ * --max-queue - --parallel wait already, looking every 250 ms whether its
+ * client left (gone(gone_ctx), may be NULL); -1 when the queue is full
+ * (429) or the server shuts down, -2 when the client left. */
+static int admit(server *s, const int32_t *prompt, int n, int (*gone)(void *), void *gone_ctx) {
+    int id = -1;
     pthread_mutex_lock(&s->mu);
-    if (!s->stopping && s->running < s->max_running) {
-        for (int i = 0; i < s->n_ids; i++) {
-            if (!s->id_free[i]) continue;
-            uint64_t lu = 0;
-            int reuse = k3_engine_session_reuse(s->eng, (uint64_t)i, prompt, n, s->lim.ctx, &lu);
-            if (reuse > best || (reuse == best && lu < best_lu)) {
-                best = reuse;
-                best_lu = lu;
-                id = i;
+    int queued = 0;
+    if (!s->stopping && (s->running >= s->max_running || s->waiting > 0)) {
+        if (s->waiting >= s->max_waiting) {
+            pthread_mutex_unlock(&s->mu);
+            return -1;
+        }
+        waiter me = {NULL};
+        if (s->wait_tail)
+            s->wait_tail->next = &me;
+        else
+            s->wait_head = &me;
+        s->wait_tail = &me;
+        s->waiting++;
+        queued = 1;
+        while (!s->stopping && (s->running >= s->max_running || s->wait_head != &me)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 250 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+            if (gone && !s->stopping && gone(gone_ctx)) {
+                s->m.left_waiting++;
+                wait_unlink(s, &me);
+                pthread_mutex_unlock(&s->mu);
+                return -2;
             }
         }
+        wait_unlink(s, &me);
+    }
+    if (!s->stopping && s->running < s->max_running) {
+        id = pick_session(s, prompt, n);
         if (id >= 0) {
             s->id_free[id] = 0;
             s->running++;
+            if (queued) s->m.queued++;
         }
     }
     pthread_mutex_unlock(&s->mu);
@@ -440,14 +526,17 @@ static int admit(server *s, const int32_t *prompt, int n) {
 /* The job's done callback (its thread) or a start that failed. */
 typedef struct done_ctx {
     server *srv;
-    int session; /* -1 until admitted */
+    struct conn *k; /* the request, for the client-gone probe while it waits */
+    int session;    /* -1 until admitted */
 } done_ctx;
+
+static int client_gone(void *ctx);
 
 /* serve_job_start's admission callback. */
 static int job_admit(void *ctx, const int32_t *prompt, int n) {
     done_ctx *d = ctx;
-    d->session = admit(d->srv, prompt, n);
-    if (d->session < 0) {
+    d->session = admit(d->srv, prompt, n, client_gone, d->k);
+    if (d->session == -1) {
         pthread_mutex_lock(&d->srv->mu);
         d->srv->m.rejected_queue++;
         pthread_mutex_unlock(&d->srv->mu);
@@ -541,6 +630,7 @@ static enum MHD_Result run_generation(conn *k, struct MHD_Connection *c) {
     }
     done_ctx *d = k3_xmalloc(sizeof *d);
     d->srv = s;
+    d->k = k;
     d->session = -1;
     int ok = serve_job_start(&k->job, s->eng, &r, &s->lim, job_admit, job_done, d, &e);
     int stream = r.stream;
@@ -718,6 +808,7 @@ static void engine_settings(const serve_opts *o, const k3_opt_src *src, k3_engin
     eo->progress = 0; /* no stderr line per prefill chunk of every request */
     eo->n_sessions = o->max_sessions;
     eo->ckpt = o->ckpt;
+    eo->ckpt_dir = o->ckpt_dir;
     eo->cluster.max_sessions = o->max_sessions; /* local workers keep as many states */
 }
 
@@ -752,11 +843,12 @@ static int parse_cli(int argc, char **argv, serve_opts *o, k3_opt_src *src) {
                 k3_errf(K3_ERR_ARG, err, sizeof err, "--model: missing (the checkpoint directory)");
         if (!st && n_pos > 0)
             st = k3_errf(K3_ERR_ARG, err, sizeof err, "unexpected argument '%s'", pos[0]);
-        if (!st && o->max_sessions < o->max_queue)
+        if (o->parallel > o->max_queue) o->parallel = o->max_queue;
+        if (!st && o->max_sessions < o->parallel)
             st = k3_errf(K3_ERR_ARG, err, sizeof err,
-                         "--max-sessions %d < --max-queue %d: every running generation needs a "
-                         "session",
-                         o->max_sessions, o->max_queue);
+                         "--max-sessions %d < %d generations running at once (--parallel, "
+                         "--max-queue): every running generation needs a session",
+                         o->max_sessions, o->parallel);
         if (!st && o->api_key && !*o->api_key)
             st = k3_errf(K3_ERR_ARG, err, sizeof err, "--api-key: empty");
         if (!st)
@@ -799,7 +891,8 @@ int cmd_serve(int argc, char **argv) {
     s.eng_opts = &o.eng;
     s.api_key = o.api_key;
     s.body_timeout_ms = o.conn_timeout_s * 1000;
-    s.max_running = o.max_queue;
+    s.max_running = o.parallel;
+    s.max_waiting = o.max_queue - o.parallel;
     s.n_ids = o.max_sessions;
     s.id_free = k3_xmalloc((size_t)s.n_ids * sizeof *s.id_free);
     for (int i = 0; i < s.n_ids; i++) s.id_free[i] = 1;
@@ -846,6 +939,7 @@ int cmd_serve(int argc, char **argv) {
     MHD_quiesce_daemon(d);
     pthread_mutex_lock(&s.mu);
     s.stopping = 1;
+    pthread_cond_broadcast(&s.cv); /* requests waiting for a slot leave */
     int n_req = s.in_flight, n_gen = s.running;
     pthread_mutex_unlock(&s.mu);
     K3_INFO("serve: shutting down: %d requests in flight, %d generations", n_req, n_gen);

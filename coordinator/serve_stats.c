@@ -144,7 +144,8 @@ static void serve_metrics_striping(k3_strbuf *b, k3_cluster *c) {
     free(g.p), free(h.p), free(r.p);
 }
 
-char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int max_running) {
+char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int max_running,
+                         int waiting, int max_queue) {
     k3_strbuf b = {0};
     metric(&b, "k3_http_requests_total", "counter", "HTTP requests answered",
            (double)m->http_requests);
@@ -176,10 +177,19 @@ char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int 
            "time to first token, summed over k3_time_to_first_token_seconds_count", m->ttft_s);
     metric(&b, "k3_time_to_first_token_seconds_count", "counter", "generations with a first token",
            (double)m->ttft_n);
-    metric(&b, "k3_queue_depth", "gauge", "generations running now (admitted, not ended)",
+    metric(&b, "k3_queue_depth", "gauge", "requests waiting for a running slot now",
+           (double)waiting);
+    metric(&b, "k3_queue_capacity", "gauge",
+           "generations admitted at once, running and waiting (--max-queue)", (double)max_queue);
+    metric(&b, "k3_running", "gauge", "generations running now (admitted, not ended)",
            (double)running);
-    metric(&b, "k3_queue_capacity", "gauge", "generations admitted at once (--max-queue)",
+    metric(&b, "k3_running_capacity", "gauge", "generations running at once (--parallel)",
            (double)max_running);
+    metric(&b, "k3_requests_queued_total", "counter",
+           "generations that waited for a running slot before they ran", (double)m->queued);
+    metric(&b, "k3_requests_left_waiting_total", "counter",
+           "requests whose client left while they waited for a running slot",
+           (double)m->left_waiting);
     int live = 0, busy = 0;
     k3_engine_sessions(e, &live, &busy);
     metric(&b, "k3_sessions", "gauge", "sessions held (idle or running)", (double)live);

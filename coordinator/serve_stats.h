@@ -24,6 +24,8 @@ typedef struct serve_metrics {
     uint64_t http_requests;     /* every HTTP request answered */
     uint64_t generations;       /* generations that ran (ended, for any reason) */
     uint64_t rejected_queue;    /* 429: --max-queue full */
+    uint64_t queued;            /* admitted after waiting for a running slot */
+    uint64_t left_waiting;      /* clients that left while waiting for a slot */
     uint64_t cancelled, failed; /* the client went away; the engine failed */
     uint64_t prompt_tokens;     /* prompt tokens of every generation */
     uint64_t cached_tokens;     /* of which reused from a session (no prefill) */
@@ -53,6 +55,7 @@ json_t *serve_workers_json(k3_engine *e, const k3_engine_opts *eng, const serve_
 
 /* The /metrics text (malloc'd): counters of m, the queue (running of
  * max_running), sessions, and per-stage busy seconds and expert bytes. */
-char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int max_running);
+char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int max_running,
+                         int waiting, int max_queue);
 
 #endif

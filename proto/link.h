@@ -33,7 +33,7 @@
 
 /* Build identity sent in HELLO / HELLO_OK: this prefix, then the source
  * revision the Makefile passes as K3_BUILD_REV (`git describe --always
- * --dirty`), e.g. "k3shard proto 1.1 rev 3f2a9c1". Both sides refuse a peer
+ * --dirty`), e.g. "k3shard proto 1.2 rev 3f2a9c1". Both sides refuse a peer
  * whose identity differs (k3_link_check_build): the same settings with other
  * kernel code can give other bits. */
 #define K3_LINK_BUILD "k3shard proto 1.2"
@@ -153,7 +153,7 @@ uint64_t k3_zap_refused(const k3_zap *z); /* clients refused so far */
 const char *k3_link_build(void);
 
 /* K3_ERR_MISMATCH naming both identities when got differs from want, e.g.
- * "build identity mismatch: coordinator 'k3shard proto 1.1 rev a', worker
+ * "build identity mismatch: coordinator 'k3shard proto 1.2 rev a', worker
  * '... rev b' (deploy the same build on every host)"; want_side and got_side
  * name the two peers. */
 k3_status k3_link_check_build(const char *want, const char *want_side, const char *got,

@@ -46,6 +46,8 @@ static const char *const type_names[PROTO_MSG_COUNT] = {
     [PROTO_MSG_HEARTBEAT] = "HEARTBEAT",
     [PROTO_MSG_EXPERT_CALL] = "EXPERT_CALL",
     [PROTO_MSG_EXPERT_DONE] = "EXPERT_DONE",
+    [PROTO_MSG_CHECKPOINT] = "CHECKPOINT",
+    [PROTO_MSG_RESTORE] = "RESTORE",
 };
 
 const char *proto_type_name(proto_type t) {
@@ -208,6 +210,16 @@ static const field_desc f_stats_ok[] = {
 static const field_desc f_heartbeat[] = {
     F_U64("req", heartbeat.busy_request, 0, ANY, NULL),
 };
+/* 1.2: turn checkpoints (PROTOCOL.md "Checkpoints"); no tensor frames */
+static const field_desc f_checkpoint[] = {
+    F_U64("sess", ckpt.session, 1, ANY, NULL),
+    F_U32("n", ckpt.pos, 1, K3_MAX_CTX, "K3_MAX_CTX"),
+    F_U32("keep", ckpt.keep, 1, K3_MAX_CKPT, "K3_MAX_CKPT"),
+};
+static const field_desc f_restore[] = {
+    F_U64("sess", ckpt.session, 1, ANY, NULL),
+    F_U32("n", ckpt.pos, 1, K3_MAX_CTX, "K3_MAX_CTX"),
+};
 static const field_desc f_error[] = {
     F_U32("code", error.code, 1, K3_ERR_INTERNAL, "K3_ERR_INTERNAL"),
     F_STR("msg", error.msg, 0),
@@ -257,6 +269,8 @@ static const msg_schema schemas[PROTO_MSG_COUNT] = {
     [PROTO_MSG_ERROR] = SCHEMA(f_error),
     [PROTO_MSG_EXPERT_CALL] = SCHEMA(f_expert_call),
     [PROTO_MSG_EXPERT_DONE] = SCHEMA(f_expert_done),
+    [PROTO_MSG_CHECKPOINT] = SCHEMA(f_checkpoint), /* no tensor frames */
+    [PROTO_MSG_RESTORE] = SCHEMA(f_restore),       /* no tensor frames */
     /* OK, STATS, SHUTDOWN: common keys only */
 };
 #define N_COMMON 4 /* v, t, id, ep */
@@ -1149,6 +1163,11 @@ k3_status proto_check_limits(const proto_msg *m, const proto_limits *lim, char *
             return k3_errf(K3_ERR_LIMIT, err, errlen, "%s: field 'n': %u > max_ctx %u", tn,
                            m->u.session.n_tokens, lim->max_ctx);
         return K3_OK;
+    } else if (m->type == PROTO_MSG_CHECKPOINT || m->type == PROTO_MSG_RESTORE) {
+        if (m->u.ckpt.pos > lim->max_ctx)
+            return k3_errf(K3_ERR_LIMIT, err, errlen, "%s: field 'n': %u > max_ctx %u", tn,
+                           m->u.ckpt.pos, lim->max_ctx);
+        return K3_OK;
     } else {
         return K3_OK;
     }
@@ -1174,6 +1193,8 @@ static proto_type reply_type(proto_type t) {
     case PROTO_MSG_SESSION_TRUNCATE:
     case PROTO_MSG_SESSION_DROP:
     case PROTO_MSG_CANCEL:
+    case PROTO_MSG_CHECKPOINT:
+    case PROTO_MSG_RESTORE:
     case PROTO_MSG_SHUTDOWN: return PROTO_MSG_OK;
     case PROTO_MSG_STATS: return PROTO_MSG_STATS_OK;
     case PROTO_MSG_EXPERT_CALL: return PROTO_MSG_EXPERT_DONE;

@@ -1,4 +1,4 @@
-/* proto/proto.h: the k3shard wire protocol, version 1.0 (docs/PROTOCOL.md).
+/* proto/proto.h: the k3shard wire protocol, version 1.2 (docs/PROTOCOL.md).
  *
  * Owns: the message types (a tagged union of plain data, no pointers), the
  * msgpack envelope codec (only proto/ includes msgpack.h), every syntactic
@@ -56,10 +56,11 @@ typedef enum proto_type {
     PROTO_MSG_STATS_OK = 12,
     PROTO_MSG_SHUTDOWN = 13,
     PROTO_MSG_HEARTBEAT = 14,
-    /* 15, 16 reserved (CHECKPOINT, RESTORE: ckpt) */
+    PROTO_MSG_CHECKPOINT = 15,  /* 1.2 (PROTOCOL.md "Checkpoints") */
+    PROTO_MSG_RESTORE = 16,     /* 1.2 */
     PROTO_MSG_EXPERT_CALL = 17, /* 1.2: worker -> stripe peer (PROTOCOL.md "Expert calls") */
     PROTO_MSG_EXPERT_DONE = 18,
-    PROTO_MSG_COUNT /* one past the last (15,16 ckpt / 17,18 xstripe) */
+    PROTO_MSG_COUNT /* one past the last */
 } proto_type;
 
 /* Numeric settings both sides must agree on exactly (PROTOCOL.md 4). */
@@ -159,6 +160,13 @@ typedef struct proto_stats_ok { /* cumulative since the worker started */
     bool vk_off;                                /* the device failed: CPU alone */
 } proto_stats_ok;
 
+typedef struct proto_ckpt { /* CHECKPOINT, RESTORE (1.2, PROTOCOL.md "Checkpoints") */
+    uint64_t session;       /* "sess", >= 1 */
+    uint32_t pos;           /* "n": the checkpoint's position (CHECKPOINT: the session's) */
+    uint32_t keep;          /* "keep", CHECKPOINT only (0 in RESTORE): checkpoints the
+                               coordinator keeps for the session, 1..K3_MAX_CKPT */
+} proto_ckpt;
+
 typedef struct proto_heartbeat {
     uint64_t busy_request; /* "req": request being computed, 0 = idle */
 } proto_heartbeat;
@@ -217,6 +225,7 @@ typedef struct proto_msg {
         proto_error error;
         proto_expert_call expert_call; /* 1.2 */
         proto_expert_done expert_done; /* 1.2 */
+        proto_ckpt ckpt;               /* CHECKPOINT, RESTORE */
     } u;
 } proto_msg;
 

@@ -341,6 +341,16 @@ static int make_samples(proto_msg *s) {
                                            .bytes_read = 1 << 20,
                                            .expert_hits = 1,
                                            .expert_misses = 1};
+
+    m = &s[n++];
+    proto_msg_init(m, PROTO_MSG_CHECKPOINT, 1009, 77);
+    m->u.ckpt.session = 5;
+    m->u.ckpt.pos = 90;
+    m->u.ckpt.keep = 4;
+    m = &s[n++];
+    proto_msg_init(m, PROTO_MSG_RESTORE, 1010, 77);
+    m->u.ckpt.session = 5;
+    m->u.ckpt.pos = K3_MAX_CTX;
     return n;
 }
 #define MAX_SAMPLES 32

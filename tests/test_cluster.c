@@ -505,7 +505,8 @@ static void test_malformed_worker(void) {
                                        PROTO_MSG_SESSION_RESET, PROTO_MSG_SESSION_TRUNCATE,
                                        PROTO_MSG_SESSION_DROP,  PROTO_MSG_CANCEL,
                                        PROTO_MSG_STATS,         PROTO_MSG_SHUTDOWN,
-                                       PROTO_MSG_HEARTBEAT};
+                                       PROTO_MSG_HEARTBEAT,     PROTO_MSG_CHECKPOINT,
+                                       PROTO_MSG_RESTORE};
     float *hbuf = calloc((size_t)g_D + 1, sizeof(float));
     int all_answered = 1, n_prefix = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -524,6 +525,9 @@ static void test_malformed_worker(void) {
             m.u.cancel.session = 9;
         } else if (types[ti] == PROTO_MSG_HEARTBEAT) {
             m.id = 0;
+        } else if (types[ti] == PROTO_MSG_CHECKPOINT || types[ti] == PROTO_MSG_RESTORE) {
+            m.u.ckpt = (proto_ckpt){
+                .session = 9, .pos = 1, .keep = types[ti] == PROTO_MSG_RESTORE ? 0 : 1};
         }
         if (proto_encode(&m, env, sizeof env, &env_len, err, sizeof err)) {
             CHECK(0, "encode %s: %s", proto_type_name(types[ti]), err);
@@ -549,9 +553,9 @@ static void test_malformed_worker(void) {
         }
     }
     CHECK(all_answered,
-          "raw: %d strict prefixes and trailing-byte variants of 9 request types "
+          "raw: %d strict prefixes and trailing-byte variants of %zu request types "
           "each answered with ERROR",
-          n_prefix);
+          n_prefix, sizeof types / sizeof types[0]);
 
     /* wrong types and values, field by field */
     for (int f = FW_T_STR; f < FW_N; f++) {

@@ -141,6 +141,11 @@ static const key_spec keys[] = {
     {PROTO_MSG_EXPERT_DONE, "bytes_read", K_U64, 0},
     {PROTO_MSG_EXPERT_DONE, "hits", K_U64, 0},
     {PROTO_MSG_EXPERT_DONE, "misses", K_U64, 0},
+    {PROTO_MSG_CHECKPOINT, "sess", K_U64, 0},
+    {PROTO_MSG_CHECKPOINT, "n", K_U32, 0},
+    {PROTO_MSG_CHECKPOINT, "keep", K_U32, 0},
+    {PROTO_MSG_RESTORE, "sess", K_U64, 0},
+    {PROTO_MSG_RESTORE, "n", K_U32, 0},
 };
 #define N_KEYS (int)(sizeof keys / sizeof keys[0])
 
@@ -682,7 +687,7 @@ static void test_keys_versions_types(proto_msg *s) {
     CHECK(st == K3_ERR_MISSING && strstr(err, "'v'"), "missing v: %s", err);
 
     /* unknown types */
-    const uint64_t bad_t[] = {0, 15, 16, 99, 1ull << 40};
+    const uint64_t bad_t[] = {0, PROTO_MSG_COUNT, PROTO_MSG_COUNT + 1, 99, 1ull << 40};
     int tok = 1;
     for (int i = 0; i < 5; i++) {
         mp t = {.n = 0};
@@ -691,7 +696,8 @@ static void test_keys_versions_types(proto_msg *s) {
         st = proto_decode(w.b, w.n, &d, err, sizeof err);
         if (st != K3_ERR_PROTO || !strstr(err, "unknown message type")) tok = 0;
     }
-    CHECK(tok, "unknown types 0, 15, 16, 99, 2^40 rejected: %s", err);
+    CHECK(tok, "unknown types 0, %d, %d, 99, 2^40 rejected: %s", PROTO_MSG_COUNT,
+          PROTO_MSG_COUNT + 1, err);
     mp tneg = {.n = 0};
     mp_neg(&tneg, -3);
     rebuild(&p, -1, ft, &tneg, NULL, 0, &w);
@@ -786,7 +792,17 @@ static void test_validate(proto_msg *s) {
     BAD((m = s[17], m.id = 4), K3_ERR_PROTO, "expected 0", "HEARTBEAT with an id");
     BAD((m = s[7], m.u.session.n_tokens = K3_MAX_CTX + 1), K3_ERR_LIMIT, "K3_MAX_CTX",
         "TRUNCATE n");
-    BAD((m = s[0], m.type = (proto_type)15), K3_ERR_PROTO, "unknown message type", "type 15");
+    BAD((m = s[0], m.type = (proto_type)PROTO_MSG_COUNT), K3_ERR_PROTO, "unknown message type",
+        "type one past the last");
+    int ci = 0; /* 1.2: CHECKPOINT, then RESTORE */
+    while (s[ci].type != PROTO_MSG_CHECKPOINT) ci++;
+    BAD((m = s[ci], m.u.ckpt.keep = 0), K3_ERR_PROTO, "'keep'", "CHECKPOINT keep 0");
+    BAD((m = s[ci], m.u.ckpt.keep = K3_MAX_CKPT + 1), K3_ERR_LIMIT, "K3_MAX_CKPT",
+        "CHECKPOINT keep 65");
+    BAD((m = s[ci], m.u.ckpt.pos = 0), K3_ERR_PROTO, "'n'", "CHECKPOINT at 0");
+    BAD((m = s[ci + 1], m.u.ckpt.session = 0), K3_ERR_PROTO, "'sess'", "RESTORE of session 0");
+    BAD((m = s[ci + 1], m.u.ckpt.pos = K3_MAX_CTX + 1), K3_ERR_LIMIT, "K3_MAX_CTX",
+        "RESTORE past K3_MAX_CTX");
 #undef BAD
 }
 

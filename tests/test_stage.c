@@ -585,7 +585,7 @@ static void test_runtime_errors(const char *dir) {
     CHECK(st == K3_ERR_LIMIT, "context above K3_MAX_CTX refused: %s", err);
 
     /* cancellation between layers; the state must then be reset */
-    volatile int cancel = 1;
+    atomic_int cancel = 1;
     k3_state *s2 = NULL;
     k3_state_open(&s2, m, 8, err, sizeof err);
     k3_stage_set_cancel(s2, &cancel);

@@ -43,6 +43,7 @@ typedef struct wopts {
     int max_sessions;    /* session states held */
     int max_ctx;         /* tokens per session */
     int max_chunk;       /* tokens per step accepted */
+    int ckpt_mb;         /* MiB the turn checkpoints may hold */
     int insecure;        /* allow plain tcp off loopback */
     char *curve_secret;  /* our CURVE key pair file */
     char *allow;         /* coordinator public keys admitted */
@@ -119,6 +120,16 @@ static const k3_opt table[] = {
      .max = K3_MAX_CHUNK,
      .metavar = "T",
      .help = "largest chunk (tokens per step) accepted"},
+    {.name = "ckpt-mb",
+     .flag = "--ckpt-mb",
+     .type = K3_OPT_INT,
+     .offset = O(ckpt_mb),
+     .def = "4096",
+     .min = 0,
+     .max = 1 << 24,
+     .metavar = "MB",
+     .help = "MiB the sessions' turn checkpoints (CHECKPOINT) may hold together; past it a "
+             "CHECKPOINT is refused (0: none kept)"},
     K3_LINK_OPT_INSECURE(wopts, insecure),
     K3_LINK_OPT_CURVE_SECRET(wopts, curve_secret),
     {.name = "allow",
@@ -435,6 +446,7 @@ static int serve(const wopts *o, k3_model *m, wk_opts *w) {
     w->sock.linger_ms = 500; /* a SHUTDOWN's OK still leaves; SIGTERM stops within 2 s */
     w->sock.handshake_ms = K3_LINK_HANDSHAKE_MS_DEFAULT;
     w->max_sessions = o->max_sessions;
+    w->ckpt_mb = o->ckpt_mb;
     w->max_ctx = o->max_ctx;
     w->max_chunk = o->max_chunk;
     if (o->name) {

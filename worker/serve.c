@@ -59,7 +59,7 @@ typedef struct wk {
     wk_req *q_head, *q_tail; /* queued work, FIFO */
     int q_len;
 
-    volatile int cancel;          /* polled by the stage between layers */
+    atomic_int cancel;            /* polled by the stage between layers */
     uint64_t busy_req, busy_sess; /* the running FORWARD, 0 when idle */
     int clear_pending;            /* new epoch mid-step: free sessions after it */
 
@@ -148,6 +148,8 @@ static uint64_t req_session(const wk_req *r) {
     case PROTO_MSG_SESSION_RESET:
     case PROTO_MSG_SESSION_TRUNCATE:
     case PROTO_MSG_SESSION_DROP: return r->msg.u.session.session;
+    case PROTO_MSG_CHECKPOINT:
+    case PROTO_MSG_RESTORE: return r->msg.u.ckpt.session;
     default: return 0;
     }
 }
@@ -354,6 +356,8 @@ static void dispatch(wk *w, wk_req *r) {
     case PROTO_MSG_SESSION_RESET:
     case PROTO_MSG_SESSION_TRUNCATE:
     case PROTO_MSG_SESSION_DROP:
+    case PROTO_MSG_CHECKPOINT:
+    case PROTO_MSG_RESTORE:
         if (!check_epoch(w, r)) break;
         if (w->shutdown) {
             wk_send_error(w, &r->fr.from, &r->msg, K3_ERR_CANCEL, "worker shutting down");
@@ -561,8 +565,14 @@ static void do_session(wk *w, wk_req *r) {
     const proto_session_op *s = &r->msg.u.session;
     char err[512];
     k3_status st = proto_check_limits(&r->msg, &w->lim, err, sizeof err);
+    const proto_ckpt *c = &r->msg.u.ckpt;
     if (!st) {
-        if (r->msg.type == PROTO_MSG_SESSION_RESET)
+        if (r->msg.type == PROTO_MSG_CHECKPOINT)
+            st = wk_sessions_checkpoint(w->sess, c->session, (int)c->pos, (int)c->keep, err,
+                                        sizeof err);
+        else if (r->msg.type == PROTO_MSG_RESTORE)
+            st = wk_sessions_restore(w->sess, c->session, (int)c->pos, err, sizeof err);
+        else if (r->msg.type == PROTO_MSG_SESSION_RESET)
             wk_sessions_reset(w->sess, s->session);
         else if (r->msg.type == PROTO_MSG_SESSION_DROP)
             wk_sessions_drop(w->sess, s->session);
@@ -643,7 +653,8 @@ k3_status wk_serve(k3_model *m, const wk_opts *o, volatile sig_atomic_t *stop, c
     w.lim.max_ctx = (uint32_t)o->max_ctx;
     w.lim.max_chunk = (uint32_t)o->max_chunk;
     w.lim.max_blocks = K3_MAX_RES_ENTRIES;
-    k3_status st = wk_sessions_open(&w.sess, m, o->max_sessions, o->max_ctx, err, errlen);
+    k3_status st = wk_sessions_open(&w.sess, m, o->max_sessions, o->max_ctx,
+                                    (uint64_t)o->ckpt_mb << 20, err, errlen);
     if (!st) st = wk_open_socket(&w, err, errlen);
     if (st) {
         wk_cleanup(&w);

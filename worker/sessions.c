@@ -8,13 +8,16 @@
 #include "worker/sessions.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/base/limits.h"
 
 typedef struct wk_slot {
-    uint64_t id;       /* session id, 0 = free */
-    uint64_t last_use; /* tick of the last acquire (LRU order) */
-    k3_state *state;   /* owned */
+    uint64_t id;                    /* session id, 0 = free */
+    uint64_t last_use;              /* tick of the last acquire (LRU order) */
+    k3_state *state;                /* owned */
+    k3_state_ckpt *ck[K3_MAX_CKPT]; /* [n_ck] turn checkpoints, oldest first, owned */
+    int n_ck;
 } wk_slot;
 
 struct wk_sessions {
@@ -23,10 +26,12 @@ struct wk_sessions {
     wk_slot *slot; /* [max_sessions] */
     uint64_t tick;
     uint64_t evictions;
+    uint64_t ckpt_budget; /* bytes every checkpoint together may hold */
+    uint64_t ckpt_bytes;  /* held now */
 };
 
 k3_status wk_sessions_open(wk_sessions **out, const k3_model *m, int max_sessions, int max_ctx,
-                           char *err, size_t errlen) {
+                           uint64_t ckpt_budget, char *err, size_t errlen) {
     *out = NULL;
     if (max_sessions < 1 || max_sessions > K3_MAX_SESSIONS)
         return k3_errf(K3_ERR_LIMIT, err, errlen, "sessions: %d outside [1, %d] (K3_MAX_SESSIONS)",
@@ -38,12 +43,31 @@ k3_status wk_sessions_open(wk_sessions **out, const k3_model *m, int max_session
     t->m = m;
     t->max_sessions = max_sessions;
     t->max_ctx = max_ctx;
+    t->ckpt_budget = ckpt_budget;
     t->slot = k3_xcalloc((size_t)max_sessions, sizeof *t->slot);
     *out = t;
     return K3_OK;
 }
 
-static void slot_free(wk_slot *s) {
+/* Drops the slot's checkpoints past position keep_pos (-1: all of them). */
+static void ck_drop_after(wk_sessions *t, wk_slot *s, int keep_pos) {
+    while (s->n_ck > 0 && k3_state_ckpt_pos(s->ck[s->n_ck - 1]) > keep_pos) {
+        k3_state_ckpt **c = &s->ck[--s->n_ck];
+        t->ckpt_bytes -= k3_state_ckpt_bytes(*c);
+        k3_state_ckpt_free(c);
+    }
+}
+
+/* Drops the slot's oldest checkpoint. */
+static void ck_drop_oldest(wk_sessions *t, wk_slot *s) {
+    t->ckpt_bytes -= k3_state_ckpt_bytes(s->ck[0]);
+    k3_state_ckpt_free(&s->ck[0]);
+    memmove(s->ck, s->ck + 1, (size_t)(s->n_ck - 1) * sizeof s->ck[0]);
+    s->ck[--s->n_ck] = NULL;
+}
+
+static void slot_free(wk_sessions *t, wk_slot *s) {
+    ck_drop_after(t, s, -1);
     k3_state_close(&s->state);
     s->id = 0;
     s->last_use = 0;
@@ -52,7 +76,7 @@ static void slot_free(wk_slot *s) {
 void wk_sessions_close(wk_sessions **tp) {
     if (!tp || !*tp) return;
     wk_sessions *t = *tp;
-    for (int i = 0; i < t->max_sessions; i++) slot_free(&t->slot[i]);
+    for (int i = 0; i < t->max_sessions; i++) slot_free(t, &t->slot[i]);
     free(t->slot);
     free(t);
     *tp = NULL;
@@ -98,7 +122,7 @@ k3_status wk_sessions_acquire(wk_sessions *t, uint64_t id, int pos0, k3_state **
     if (victim->id) {
         *evicted = victim->id;
         t->evictions++;
-        slot_free(victim);
+        slot_free(t, victim);
     }
     k3_status st = k3_state_open(&victim->state, t->m, t->max_ctx, err, errlen);
     if (st) return st;
@@ -111,6 +135,7 @@ k3_status wk_sessions_acquire(wk_sessions *t, uint64_t id, int pos0, k3_state **
 int wk_sessions_reset(wk_sessions *t, uint64_t id) {
     wk_slot *s = id ? find(t, id) : NULL;
     if (!s) return 0;
+    ck_drop_after(t, s, -1); /* the MLA rows they rely on will be overwritten */
     k3_state_reset(s->state);
     return 1;
 }
@@ -118,7 +143,7 @@ int wk_sessions_reset(wk_sessions *t, uint64_t id) {
 int wk_sessions_drop(wk_sessions *t, uint64_t id) {
     wk_slot *s = id ? find(t, id) : NULL;
     if (!s) return 0;
-    slot_free(s);
+    slot_free(t, s);
     return 1;
 }
 
@@ -131,9 +156,10 @@ k3_status wk_sessions_truncate(wk_sessions *t, uint64_t id, int n, char *err, si
                        (unsigned long long)id, n);
     }
     int pos = k3_state_pos(s->state);
-    if (n == 0)
+    if (n == 0) {
+        ck_drop_after(t, s, -1);
         k3_state_reset(s->state);
-    else if (n != pos)
+    } else if (n != pos)
         return k3_errf(K3_ERR_STATE, err, errlen,
                        "cannot truncate session %llu from %d to %d tokens: no checkpoint "
                        "(reset and replay)",
@@ -142,7 +168,7 @@ k3_status wk_sessions_truncate(wk_sessions *t, uint64_t id, int n, char *err, si
 }
 
 void wk_sessions_clear(wk_sessions *t) {
-    for (int i = 0; i < t->max_sessions; i++) slot_free(&t->slot[i]);
+    for (int i = 0; i < t->max_sessions; i++) slot_free(t, &t->slot[i]);
 }
 
 int wk_sessions_count(const wk_sessions *t) {
@@ -152,3 +178,69 @@ int wk_sessions_count(const wk_sessions *t) {
 }
 
 uint64_t wk_sessions_evictions(const wk_sessions *t) { return t->evictions; }
+
+/* ---- turn checkpoints ---- */
+
+static const char *unknown_why = "unknown here (evicted, dropped or from an older epoch)";
+
+k3_status wk_sessions_checkpoint(wk_sessions *t, uint64_t id, int pos, int keep, char *err,
+                                 size_t errlen) {
+    wk_slot *s = id ? find(t, id) : NULL;
+    if (!s)
+        return k3_errf(K3_ERR_STATE, err, errlen, "no checkpoint of session %llu at %d: %s",
+                       (unsigned long long)id, pos, unknown_why);
+    int at = k3_state_pos(s->state);
+    if (pos != at)
+        return k3_errf(K3_ERR_STATE, err, errlen,
+                       "no checkpoint of session %llu at %d: the session is at position %d",
+                       (unsigned long long)id, pos, at);
+    if (keep < 1 || keep > K3_MAX_CKPT)
+        return k3_errf(K3_ERR_LIMIT, err, errlen,
+                       "checkpoint of session %llu: keep %d outside [1, %d] (K3_MAX_CKPT)",
+                       (unsigned long long)id, keep, K3_MAX_CKPT);
+    if (s->n_ck > 0 && k3_state_ckpt_pos(s->ck[s->n_ck - 1]) == pos) return K3_OK; /* have it */
+    k3_state_ckpt *ck = NULL;
+    k3_status st = k3_state_save(s->state, &ck, err, errlen);
+    if (st) return st;
+    size_t bytes = k3_state_ckpt_bytes(ck);
+    while (s->n_ck >= keep) ck_drop_oldest(t, s); /* the coordinator dropped them too */
+    if (t->ckpt_bytes + bytes > t->ckpt_budget) {
+        k3_state_ckpt_free(&ck);
+        return k3_errf(K3_ERR_LIMIT, err, errlen,
+                       "no checkpoint of session %llu at %d: %zu bytes more would pass the "
+                       "checkpoint budget of %llu bytes (%llu held; --ckpt-mb)",
+                       (unsigned long long)id, pos, bytes, (unsigned long long)t->ckpt_budget,
+                       (unsigned long long)t->ckpt_bytes);
+    }
+    s->ck[s->n_ck++] = ck;
+    t->ckpt_bytes += bytes;
+    return K3_OK;
+}
+
+k3_status wk_sessions_restore(wk_sessions *t, uint64_t id, int pos, char *err, size_t errlen) {
+    wk_slot *s = id ? find(t, id) : NULL;
+    if (!s)
+        return k3_errf(K3_ERR_STATE, err, errlen,
+                       "cannot restore session %llu to %d: %s; reset and replay",
+                       (unsigned long long)id, pos, unknown_why);
+    int c = s->n_ck - 1;
+    while (c >= 0 && k3_state_ckpt_pos(s->ck[c]) != pos) c--;
+    if (c < 0)
+        return k3_errf(K3_ERR_STATE, err, errlen,
+                       "cannot restore session %llu to %d: no checkpoint there (%d held, the "
+                       "deepest at %d); reset and replay",
+                       (unsigned long long)id, pos, s->n_ck,
+                       s->n_ck ? k3_state_ckpt_pos(s->ck[s->n_ck - 1]) : 0);
+    k3_status st = k3_state_restore(s->state, s->ck[c], err, errlen);
+    if (st) return st;
+    ck_drop_after(t, s, pos); /* rows past pos will be overwritten */
+    return K3_OK;
+}
+
+uint64_t wk_sessions_ckpt_bytes(const wk_sessions *t, int *count) {
+    if (count) {
+        *count = 0;
+        for (int i = 0; i < t->max_sessions; i++) *count += t->slot[i].n_ck;
+    }
+    return t->ckpt_bytes;
+}

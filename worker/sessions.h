@@ -9,8 +9,14 @@
  * Borrows: the model (must outlive the table).
  * Threads: one thread (the worker's socket loop).
  *
- * Not handled: truncation to an arbitrary position (no checkpoints in 1.0):
- * only "keep everything" and "keep nothing" are possible.
+ * Turn checkpoints (PROTOCOL.md "Checkpoints", 1.2): a slot also owns up to
+ * K3_MAX_CKPT snapshots of its state (k3_state_ckpt: the KDA states at a
+ * position; the MLA rows before it stay in the state), dropped with the
+ * session (drop, reset, eviction, a new epoch) and past a restored
+ * position. Their bytes count against one budget for the whole table.
+ *
+ * Not handled: truncation to an arbitrary position: TRUNCATE keeps
+ * everything or nothing; RESTORE goes back to a checkpoint.
  */
 #ifndef K3_WORKER_SESSIONS_H
 #define K3_WORKER_SESSIONS_H
@@ -23,9 +29,10 @@
 
 typedef struct wk_sessions wk_sessions;
 
-/* max_sessions in [1, K3_MAX_SESSIONS]; max_ctx: capacity of each state. */
+/* max_sessions in [1, K3_MAX_SESSIONS]; max_ctx: capacity of each state;
+ * ckpt_budget: bytes all checkpoints together may hold (0: none taken). */
 k3_status wk_sessions_open(wk_sessions **out, const k3_model *m, int max_sessions, int max_ctx,
-                           char *err, size_t errlen);
+                           uint64_t ckpt_budget, char *err, size_t errlen);
 void wk_sessions_close(wk_sessions **t);
 
 /* The state of session id, positioned at pos0. A known session must be at
@@ -47,6 +54,20 @@ k3_status wk_sessions_truncate(wk_sessions *t, uint64_t id, int n, char *err, si
 
 /* Drops every state (a new epoch: the coordinator replays what it needs). */
 void wk_sessions_clear(wk_sessions *t);
+
+/* CHECKPOINT: snapshots session id, which must be at position pos; the
+ * oldest checkpoints go first so that at most keep (1..K3_MAX_CKPT) are held
+ * (the coordinator's count: both drop the same ones). Holding one at pos
+ * already is a no-op. K3_ERR_STATE: unknown session or another position
+ * (both named); K3_ERR_LIMIT: past the budget (nothing taken). */
+k3_status wk_sessions_checkpoint(wk_sessions *t, uint64_t id, int pos, int keep, char *err,
+                                 size_t errlen);
+/* RESTORE: session id back to its checkpoint at pos (bit-identical to a
+ * replay of the ids to pos); later checkpoints are dropped. K3_ERR_STATE:
+ * unknown session or no checkpoint at pos. */
+k3_status wk_sessions_restore(wk_sessions *t, uint64_t id, int pos, char *err, size_t errlen);
+/* Bytes the checkpoints hold now; *count (may be NULL) their number. */
+uint64_t wk_sessions_ckpt_bytes(const wk_sessions *t, int *count);
 
 int wk_sessions_count(const wk_sessions *t);
 uint64_t wk_sessions_evictions(const wk_sessions *t);

@@ -5,7 +5,7 @@
  * coordinator, the queue of received requests, the session table
  * (worker/sessions.h), the hidden-state buffers of one step and the
  * cumulative statistics. It answers HELLO, FORWARD, SESSION_RESET /
- * TRUNCATE / DROP, CANCEL, STATS, SHUTDOWN and HEARTBEAT; a malformed message
+ * TRUNCATE / DROP, CHECKPOINT / RESTORE, CANCEL, STATS, SHUTDOWN and HEARTBEAT; a malformed message
  * is answered with ERROR (or dropped when not even its sender is known),
  * counted, logged on one line, and the loop serves the next one.
  * Borrows: the loaded model (its layer range is the worker's range) and the
@@ -43,6 +43,7 @@ typedef struct wk_opts {
     int max_sessions;             /* session states before eviction */
     int max_ctx;                  /* tokens per session */
     int max_chunk;                /* largest T accepted */
+    int ckpt_mb;                  /* MiB all turn checkpoints may hold (0: none) */
     double read_gbps;             /* measured drive rate, 0 = not measured */
     char name[K3_PROTO_MAX_NAME]; /* for logs and the coordinator's errors */
     int fault_slow_ms;            /* tests only: every FORWARD sleeps this long first, 0 = off */

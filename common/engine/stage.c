@@ -12,16 +12,16 @@
 #include "common/base/log.h"
 
 struct k3_state {
-    const k3_model *m;    /* borrowed: the model this state belongs to */
-    int layer_a, layer_b; /* the model's range */
-    int max_ctx;          /* capacity in tokens */
-    int pos;              /* tokens consumed */
-    int broken;           /* a forward failed midway: reset before use */
-    volatile int *cancel; /* polled between layers, may be NULL */
-    k3_kda_state *kda;    /* [b - a]; S [H][hd][hd] and conv [3][P][K] for KDA layers */
-    k3_mla_cache *mla;    /* [b - a]; latent + rope cache for MLA layers, grown on demand */
-    size_t kda_bytes;     /* bytes of all KDA states */
-    k3_arena ar;          /* scratch for one forward, grown as T / context grow */
+    const k3_model *m;        /* borrowed: the model this state belongs to */
+    int layer_a, layer_b;     /* the model's range */
+    int max_ctx;              /* capacity in tokens */
+    int pos;                  /* tokens consumed */
+    int broken;               /* a forward failed midway: reset before use */
+    const atomic_int *cancel; /* polled between layers, may be NULL */
+    k3_kda_state *kda;        /* [b - a]; S [H][hd][hd] and conv [3][P][K] for KDA layers */
+    k3_mla_cache *mla;        /* [b - a]; latent + rope cache for MLA layers, grown on demand */
+    size_t kda_bytes;         /* bytes of all KDA states */
+    k3_arena ar;              /* scratch for one forward, grown as T / context grow */
 };
 
 k3_status k3_state_open(k3_state **out, const k3_model *m, int max_ctx, char *err, size_t errlen) {
@@ -95,7 +95,7 @@ size_t k3_state_bytes(const k3_state *s) {
     return b;
 }
 
-void k3_stage_set_cancel(k3_state *s, volatile int *cancel) { s->cancel = cancel; }
+void k3_stage_set_cancel(k3_state *s, const atomic_int *cancel) { s->cancel = cancel; }
 
 /* ---- turn checkpoints (stage.h) ---- */
 
@@ -167,6 +167,77 @@ void k3_state_ckpt_free(k3_state_ckpt **ck) {
 
 int k3_state_ckpt_pos(const k3_state_ckpt *ck) { return ck->pos; }
 size_t k3_state_ckpt_bytes(const k3_state_ckpt *ck) { return ck->bytes; }
+
+/* ---- the state as bytes (stage.h, checkpoints on disk) ---- */
+
+uint64_t k3_state_dump_bytes(const k3_state *s, int pos) {
+    const k3_config *c = k3_model_config(s->m);
+    uint64_t row = sizeof(float) * (uint64_t)(c->kv_lora + c->qk_rope);
+    uint64_t n = s->kda_bytes;
+    for (int i = s->layer_a; i < s->layer_b; i++)
+        if (!c->is_kda[i]) n += row * (uint64_t)pos;
+    return n;
+}
+
+k3_status k3_state_dump(const k3_state *s, FILE *f, char *err, size_t errlen) {
+    if (s->broken)
+        return k3_errf(K3_ERR_STATE, err, errlen, "state dump: the state is broken (reset first)");
+    const k3_config *c = k3_model_config(s->m);
+    size_t S_n = (size_t)c->kda_heads * (size_t)c->kda_hd * (size_t)c->kda_hd;
+    size_t conv_n = 3 * (size_t)c->kda_proj * (size_t)c->conv_k;
+    size_t P = (size_t)s->pos;
+    int ok = 1;
+    for (int i = 0; i < s->layer_b - s->layer_a && ok; i++) {
+        if (s->kda[i].S) {
+            ok = fwrite(s->kda[i].S, sizeof(float), S_n, f) == S_n &&
+                 fwrite(s->kda[i].conv, sizeof(float), conv_n, f) == conv_n;
+        } else if (P > 0) {
+            const k3_mla_cache *m = &s->mla[i];
+            size_t nl = P * (size_t)c->kv_lora, nr = P * (size_t)c->qk_rope;
+            ok = m->cap >= s->pos && fwrite(m->lat, sizeof(float), nl, f) == nl &&
+                 (nr == 0 || fwrite(m->rope, sizeof(float), nr, f) == nr);
+        }
+    }
+    if (!ok)
+        return k3_errf(K3_ERR_IO, err, errlen, "state dump at position %d: write failed", s->pos);
+    return K3_OK;
+}
+
+k3_status k3_state_load(k3_state *s, FILE *f, int pos, char *err, size_t errlen) {
+    const k3_config *c = k3_model_config(s->m);
+    if (pos < 0 || pos > s->max_ctx)
+        return k3_errf(K3_ERR_LIMIT, err, errlen,
+                       "state load: position %d outside [0, %d] (the session's context)", pos,
+                       s->max_ctx);
+    k3_state_reset(s);
+    size_t S_n = (size_t)c->kda_heads * (size_t)c->kda_hd * (size_t)c->kda_hd;
+    size_t conv_n = 3 * (size_t)c->kda_proj * (size_t)c->conv_k;
+    size_t P = (size_t)pos;
+    for (int i = 0; i < s->layer_b - s->layer_a; i++) {
+        int ok = 1;
+        if (s->kda[i].S) {
+            ok = fread(s->kda[i].S, sizeof(float), S_n, f) == S_n &&
+                 fread(s->kda[i].conv, sizeof(float), conv_n, f) == conv_n;
+        } else if (P > 0) {
+            k3_mla_cache *m = &s->mla[i];
+            k3_status st = k3_mla_cache_reserve(m, c, pos, s->max_ctx, err, errlen);
+            if (st) {
+                k3_state_reset(s);
+                return st;
+            }
+            size_t nl = P * (size_t)c->kv_lora, nr = P * (size_t)c->qk_rope;
+            ok = fread(m->lat, sizeof(float), nl, f) == nl &&
+                 (nr == 0 || fread(m->rope, sizeof(float), nr, f) == nr);
+        }
+        if (!ok) {
+            k3_state_reset(s);
+            return k3_errf(K3_ERR_FORMAT, err, errlen,
+                           "state load: short read at layer %d (position %d)", s->layer_a + i, pos);
+        }
+    }
+    s->pos = pos;
+    return K3_OK;
+}
 
 /* ---- the decoder layer ---- */
 
@@ -349,7 +420,7 @@ k3_status k3_stage_forward(k3_model *m, k3_state *s, int pos0, int T, float *blo
     /* ---- the layers, in order ---- */
     k3_status st = K3_OK;
     for (int i = s->layer_a; i < s->layer_b; i++) {
-        if (s->cancel && *s->cancel) {
+        if (s->cancel && atomic_load_explicit(s->cancel, memory_order_acquire)) {
             st = k3_errf(K3_ERR_CANCEL, err, errlen, "stage: cancelled before layer %d", i);
             break;
         }

@@ -27,8 +27,10 @@
 #ifndef K3_STAGE_H
 #define K3_STAGE_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/base/err.h"
 #include "common/engine/model.h"
@@ -58,6 +60,19 @@ void k3_state_ckpt_free(k3_state_ckpt **ck);
 int k3_state_ckpt_pos(const k3_state_ckpt *ck);
 size_t k3_state_ckpt_bytes(const k3_state_ckpt *ck);
 
+/* The whole state at its position as bytes (a checkpoint parked on disk,
+ * coordinator/ckpt_dir.h): per layer of the range in order, a KDA layer's
+ * S then conv windows, an MLA layer's latent rows [0, pos) then rope rows
+ * [0, pos), f32 in host order. k3_state_dump_bytes(s, pos) is the size of
+ * such a dump of a state of s's model at pos. k3_state_load reads one of
+ * exactly that size for position pos into s (reset first; MLA rows are
+ * reserved, so pos <= the state's max_ctx); a loaded state continues
+ * bit-identically to one that was fed the same ids from 0. Errors name the
+ * file's bytes and what was expected. */
+uint64_t k3_state_dump_bytes(const k3_state *s, int pos);
+k3_status k3_state_dump(const k3_state *s, FILE *f, char *err, size_t errlen);
+k3_status k3_state_load(k3_state *s, FILE *f, int pos, char *err, size_t errlen);
+
 /* Per-step statistics (summed over the stage's layers). */
 typedef struct k3_step_stats {
     double compute_ms;      /* wall time in layer math */
@@ -83,6 +98,6 @@ k3_status k3_stage_forward(k3_model *m, k3_state *s, int pos0, int T, float *blo
 /* Cancellation hook: when *cancel becomes non-zero, k3_stage_forward stops
  * before its next layer and returns K3_ERR_CANCEL (the state is then
  * unusable until k3_state_reset). NULL disables. The pointer is borrowed. */
-void k3_stage_set_cancel(k3_state *s, volatile int *cancel);
+void k3_stage_set_cancel(k3_state *s, const atomic_int *cancel);
 
 #endif

@@ -474,11 +474,13 @@
         $('health-dot').className = 'dot ' + (ok ? 'ok' : 'warn');
         $('health-dot').title = 'server: ' + (h.status || 'unknown');
         const workers = Array.isArray(h.workers) ? h.workers : [];
-        // generations running and their limit: {"running","max_queue"} (or
-        // an older server's "queue":{"running","max"})
+        // generations running and their limit: {"running","parallel"}, and
+        // those waiting for a slot: "queue" (an older server: "max_queue" was
+        // the running limit, or "queue":{"running","max"})
         const q = h.queue && typeof h.queue === 'object' ? h.queue : {};
         const running = num(h.running, num(q.running, null));
-        const maxRun = num(h.max_queue, num(q.max, null));
+        const maxRun = num(h.parallel, num(h.max_queue, num(q.max, null)));
+        const waiting = typeof h.queue === 'number' && h.parallel != null ? h.queue : null;
         $('cluster-summary').textContent =
             (workers.length ? workers.length + (workers.length === 1 ? ' worker' : ' workers') + ' · ' : '') +
             (h.layers ? h.layers + ' layers · ' : '') + (running != null ? running + ' running' : '');
@@ -495,6 +497,7 @@
         if (h.layers != null) stat('layers', h.layers);
         if (h.context != null) stat('context', h.context);
         if (running != null) stat('generating', running + ' / ' + num(maxRun, '?'));
+        if (waiting) stat('waiting', waiting);
         if (typeof h.sessions === 'number')
             stat('sessions', h.sessions + (h.max_sessions != null ? ' / ' + h.max_sessions : ''));
         if (typeof h.hit_rate === 'number') stat('expert cache hits', pct(h.hit_rate));

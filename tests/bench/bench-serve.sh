@@ -13,9 +13,13 @@
 #     so an answer whose text re-tokenizes differently from the sampled ids
 #     is not reused: random weights sample such ids often, a trained model
 #     rarely; docs/SERVING.md "Sessions").
-# WORKERS may name 0: the layers in-process, where the server's --ckpt 4
-# turn checkpoints make turn 2 restore the end of turn 1's prompt whatever
-# the answer's tokenization (with workers there are no checkpoints yet).
+# The server keeps --ckpt 4 turn checkpoints (in-process, or on the workers
+# since protocol 1.2), so turn 2 restores the end of turn 1's prompt
+# whatever the answer's tokenization. WORKERS may name 0: the layers
+# in-process.
+# SHORT=1: a quicker run for a small shared machine: WORKERS "2 4", CONVS
+# "1 2", NGEN 4, PROMPT 24, and (unless SLICE is given) a slice of 4 layers
+# with 8 experts per layer ($CACHE/slice-short, generated when missing).
 # Every configuration loads the model again (the slice's load-time
 # quantization takes minutes on a small machine).
 # SLICE=dir picks the checkpoint (default $CACHE/slice, generated when
@@ -25,10 +29,19 @@ set -euo pipefail
 BUILD=${BUILD:-build}
 CACHE=${CACHE:-$HOME/.cache/k3shard}
 cd "$(dirname "$0")/../.."
+GEN_ARGS=()
+if [ "${SHORT:-0}" = 1 ]; then
+    SLICE=${SLICE:-$CACHE/slice-short}
+    GEN_ARGS=(--layers 4 --experts 8)
+    WORKERS=${WORKERS:-2 4}
+    CONVS=${CONVS:-1 2}
+    NGEN=${NGEN:-4}
+    PROMPT=${PROMPT:-24}
+fi
 SLICE=${SLICE:-$CACHE/slice}
 if [ ! -f "$SLICE/config.json" ]; then
     echo "bench-serve: generating the slice checkpoint in $SLICE"
-    /usr/bin/python3 tests/fixtures/k3_gen.py --profile slice --out "$SLICE"
+    /usr/bin/python3 tests/fixtures/k3_gen.py --profile slice "${GEN_ARGS[@]}" --out "$SLICE"
 fi
 C=$BUILD/k3-coordinator
 [ -x "$C" ] && [ -x "$BUILD/k3-worker" ] || make --no-print-directory all
@@ -47,14 +60,17 @@ trap cleanup EXIT
 
 free_port() { /usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
 
-echo "bench-serve: $SLICE, prompt ~$PROMPT words, $NGEN tokens per turn, $THREADS threads per worker"
+echo "bench-serve: $SLICE, prompt ~$PROMPT words, $NGEN tokens per turn, $THREADS threads per worker, load average $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-8s %-6s %12s %10s %12s %12s\n" workers convs "agg tok/s" "ttft ms" "turn2 prompt" "reuse saving"
 for w in $WORKERS; do
     P=$(free_port)
+    # the slice's load-time quantization can pass the default 10-minute
+    # registration wait on a loaded machine: READY_S (default 3600) bounds it
     "$C" serve --model "$SLICE" --local "$w" --port "$P" --max-queue 4 --max-sessions 8 --ctx 1024 --ckpt 4 \
-        --threads "$THREADS" --max-tokens "$NGEN" >"$T/out" 2>"$T/err" &
+        --threads "$THREADS" --max-tokens "$NGEN" --ready-timeout-ms $((${READY_S:-3600} * 1000)) \
+        >"$T/out" 2>"$T/err" &
     SRV=$!
-    for _ in $(seq 1 6000); do
+    for _ in $(seq 1 $((${READY_S:-3600} * 10))); do
         grep -q "^serving on" "$T/out" && break
         kill -0 "$SRV" 2>/dev/null || break
         sleep 0.1
