@@ -138,7 +138,7 @@ struct wk_xstripe {
     atomic_uint_fast64_t epoch;
     void (*tick)(void *);
     void *tick_ctx;
-    volatile int *cancel;
+    atomic_int *cancel;
     int cur_layer;
     /* server side */
     pthread_t th;
@@ -327,7 +327,7 @@ static k3_status xs_finish(void *ctx, float *y, char *err, size_t errlen) {
             if (x->peer[d].pending)
                 it[n] = (zmq_pollitem_t){x->peer[d].sock, 0, ZMQ_POLLIN, 0}, who[n++] = d;
         if (!n) break;
-        if (x->cancel && *x->cancel) {
+        if (x->cancel && atomic_load(x->cancel)) {
             xs_abort(x);
             st = k3_errf(K3_ERR_CANCEL, err, errlen, "layer %d: expert calls given up (cancel)",
                          x->cur_layer);
@@ -651,7 +651,7 @@ k3_status wk_xstripe_open(wk_xstripe **out, k3_model *m, const wk_xstripe_opts *
     return K3_OK;
 }
 
-void wk_xstripe_set_tick(wk_xstripe *x, void (*tick)(void *), void *ctx, volatile int *cancel) {
+void wk_xstripe_set_tick(wk_xstripe *x, void (*tick)(void *), void *ctx, atomic_int *cancel) {
     x->tick = tick;
     x->tick_ctx = ctx;
     x->cancel = cancel;

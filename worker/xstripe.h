@@ -24,6 +24,7 @@
 #ifndef K3_WORKER_XSTRIPE_H
 #define K3_WORKER_XSTRIPE_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/base/limits.h"
@@ -77,7 +78,7 @@ k3_status wk_xstripe_open(wk_xstripe **out, k3_model *m, const wk_xstripe_opts *
  * (the worker's HEARTBEAT to its coordinator), and *cancel nonzero gives
  * up the wait (K3_ERR_CANCEL). epoch is stamped on the calls (the link
  * epoch of the step, informational). */
-void wk_xstripe_set_tick(wk_xstripe *x, void (*tick)(void *), void *ctx, volatile int *cancel);
+void wk_xstripe_set_tick(wk_xstripe *x, void (*tick)(void *), void *ctx, atomic_int *cancel);
 void wk_xstripe_set_epoch(wk_xstripe *x, uint64_t epoch);
 /* Stops the server thread, closes the sockets, uninstalls the remote. */
 void wk_xstripe_close(wk_xstripe **x, k3_model *m);
