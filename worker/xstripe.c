@@ -281,6 +281,11 @@ static k3_status xs_take(wk_xstripe *x, int d, float *y, int *done, char *err, s
         proto_frames_close(&fr);
         return K3_OK; /* nothing there after all */
     }
+    if (!st && rep.type == PROTO_MSG_HEARTBEAT) { /* the peer works on (or queued) a call */
+        if (rep.u.heartbeat.busy_request == p->req.id) p->sent_ms = k3_now_ms();
+        proto_frames_close(&fr);
+        return K3_OK;
+    }
     if (!st) {
         char why[512];
         k3_status rs = proto_check_reply(&p->req, &rep, why, sizeof why);
@@ -336,10 +341,11 @@ static k3_status xs_finish(void *ctx, float *y, char *err, size_t errlen) {
         double now = k3_now_ms();
         for (int i = 0; i < n; i++) {
             xs_peer *p = &x->peer[who[i]];
-            if (now - p->sent_ms > ttl) {
+            if (now - p->sent_ms > ttl) { /* sent_ms: the call, or its last progress */
                 st = k3_errf(K3_ERR_TIMEOUT, err, errlen,
-                             "stripe peer of drive %d (%s) did not answer layer %d's expert call "
-                             "(%u experts) within %.0f ms (3 x heartbeat): dead, stopped or stuck",
+                             "stripe peer of drive %d (%s) gave no answer nor progress on layer "
+                             "%d's expert call (%u experts) for %.0f ms (3 x heartbeat): dead, "
+                             "stopped or stuck",
                              who[i], x->o.peer[who[i]], x->cur_layer,
                              p->req.u.expert_call.n_experts, ttl);
                 xs_drop_socket(p);
@@ -374,13 +380,31 @@ static k3_status xs_finish(void *ctx, float *y, char *err, size_t errlen) {
 
 /* ---- server side (its own thread) ---- */
 
+/* A received call waiting for the compute (the server reads every call
+ * that arrives, so each caller hears that its call is queued). */
+typedef struct xs_call {
+    proto_msg m;
+    proto_frames fr; /* its tensor frames and the caller's routing id, owned */
+    struct xs_call *next;
+} xs_call;
+
+/* Calls queued at once before more are answered ERROR(busy): every stage
+ * has at most one call out per peer, so this is far above need. */
+#define XS_MAX_QUEUE 256
+
 typedef struct xs_srv {
     wk_xstripe *x;
     k3_layer_ctx lc;
     k3_arena ar;
     float *y; /* [cap_R][LT] */
     size_t cap_R;
+    xs_call *head, *tail; /* FIFO of calls not yet computed */
+    int n_queued;
+    const xs_call *running; /* the call being computed */
+    double last_hb_ms;      /* progress HEARTBEATs last sent */
 } xs_srv;
+
+static void xs_serve_progress(xs_srv *s);
 
 static void xs_reply_error(xs_srv *s, const proto_peer *to, const proto_msg *req, k3_status code,
                            const char *msg) {
@@ -505,6 +529,7 @@ static k3_status xs_compute(xs_srv *s, const proto_msg *m, const proto_frames *f
         /* int8 activations: per row and group of 32, so quantizing the
          * gathered rows gives the bytes the caller's whole-chunk pass gives */
         if (s->lc.idot) k3_act_quant_q8(zg, k, (int)LT, zq, zs);
+        xs_serve_progress(s); /* queued calls and this one: still alive */
         k3_expert_view v;
         st = k3_experts_batch_get(b, (int)i, &v, err, errlen);
         if (st) break;
@@ -519,32 +544,94 @@ static k3_status xs_compute(xs_srv *s, const proto_msg *m, const proto_frames *f
     return st;
 }
 
+/* Reads every message waiting on the endpoint: calls join the queue, the
+ * rest (and calls beyond XS_MAX_QUEUE) are answered ERROR at once. */
+static void xs_drain(xs_srv *s) {
+    wk_xstripe *x = s->x;
+    for (;;) {
+        xs_call *c = k3_xcalloc(1, sizeof *c);
+        char err[1024];
+        k3_status st = proto_recv(x->srv, ZMQ_DONTWAIT, &c->m, &c->fr, err, sizeof err);
+        if (st == K3_ERR_TIMEOUT || st == K3_ERR_CANCEL || st == K3_ERR_IO) {
+            proto_frames_close(&c->fr);
+            free(c);
+            return;
+        }
+        if (!st && c->m.type != PROTO_MSG_EXPERT_CALL)
+            st = k3_errf(K3_ERR_PROTO, err, sizeof err,
+                         "%s: the expert endpoint takes EXPERT_CALL only",
+                         proto_type_name(c->m.type));
+        if (!st && s->n_queued >= XS_MAX_QUEUE)
+            st = k3_errf(K3_ERR_BUSY, err, sizeof err, "%d expert calls queued (XS_MAX_QUEUE)",
+                         s->n_queued);
+        if (st) {
+            K3_WARN("%s: expert call refused: %s", x->o.name, err);
+            if (c->m.id) xs_reply_error(s, &c->fr.from, &c->m, st, err);
+            pthread_mutex_lock(&x->mu);
+            x->st.served_errors++;
+            pthread_mutex_unlock(&x->mu);
+            proto_frames_close(&c->fr);
+            free(c);
+            continue;
+        }
+        if (s->tail)
+            s->tail->next = c;
+        else
+            s->head = c;
+        s->tail = c;
+        s->n_queued++;
+    }
+}
+
+static void xs_heartbeat(xs_srv *s, const xs_call *c) {
+    proto_msg h;
+    char err[256];
+    proto_msg_init(&h, PROTO_MSG_HEARTBEAT, 0, c->m.epoch);
+    h.u.heartbeat.busy_request = c->m.id;
+    if (proto_send(s->x->srv, &c->fr.from, &h, NULL, NULL, 0, ZMQ_DONTWAIT, err, sizeof err))
+        K3_DEBUG("%s: expert server: progress HEARTBEAT not sent: %s", s->x->o.name, err);
+}
+
+/* HEARTBEAT (busy_request = the call's id) to the caller of every queued
+ * call and of the running one, at most every hb_ms / 2: a caller's
+ * deadline (TTL) counts from the last sign of its call, so a peer that is
+ * slow because it is busy is not taken for a dead one (PROTOCOL.md
+ * "Expert calls"). Also reads the calls that arrived meanwhile. */
+static void xs_serve_progress(xs_srv *s) {
+    wk_xstripe *x = s->x;
+    xs_drain(s);
+    int hb = x->o.sock.hb_ms > 0 ? x->o.sock.hb_ms : K3_LINK_HB_MS_DEFAULT;
+    double now = k3_now_ms();
+    if (now - s->last_hb_ms < hb / 2.0) return;
+    s->last_hb_ms = now;
+    if (s->running) xs_heartbeat(s, s->running);
+    for (const xs_call *c = s->head; c; c = c->next) xs_heartbeat(s, c);
+}
+
 static void xs_serve_one(xs_srv *s) {
     wk_xstripe *x = s->x;
-    proto_msg m;
-    proto_frames fr;
-    memset(&fr, 0, sizeof fr);
+    xs_call *c = s->head;
+    if (!c) return;
+    s->head = c->next;
+    if (!s->head) s->tail = NULL;
+    s->n_queued--;
+    s->running = c;
+    proto_msg m = c->m;
     char err[1024];
-    k3_status st = proto_recv(x->srv, ZMQ_DONTWAIT, &m, &fr, err, sizeof err);
-    if (st == K3_ERR_TIMEOUT || st == K3_ERR_CANCEL || st == K3_ERR_IO) {
-        proto_frames_close(&fr);
-        return;
-    }
-    if (!st && m.type != PROTO_MSG_EXPERT_CALL)
-        st = k3_errf(K3_ERR_PROTO, err, sizeof err,
-                     "%s: the expert endpoint takes EXPERT_CALL only", proto_type_name(m.type));
-    if (!st) st = xs_check_call(s, &m, &fr, err, sizeof err);
+    k3_status st = xs_check_call(s, &m, &c->fr, err, sizeof err);
     k3_expert_stats es = {0};
     double t0 = k3_now_ms();
-    if (!st) st = xs_compute(s, &m, &fr, &es, err, sizeof err);
+    if (!st) st = xs_compute(s, &m, &c->fr, &es, err, sizeof err);
     double ms = k3_now_ms() - t0;
     if (st) {
         K3_WARN("%s: expert call refused: %s", x->o.name, err);
-        if (m.id) xs_reply_error(s, &fr.from, &m, st, err);
+        if (m.id) xs_reply_error(s, &c->fr.from, &m, st, err);
         pthread_mutex_lock(&x->mu);
         x->st.served_errors++;
         pthread_mutex_unlock(&x->mu);
-        proto_frames_close(&fr);
+        s->running = NULL;
+        proto_frames_close(&c->fr);
+        free(c);
         return;
     }
     proto_msg d;
@@ -561,7 +648,7 @@ static void xs_serve_one(xs_srv *s) {
     o->expert_misses = es.misses;
     const void *f[1] = {s->y};
     size_t fb[1] = {sizeof(float) * (size_t)o->n_pairs * o->latent};
-    st = proto_send(x->srv, &fr.from, &d, f, fb, 1, ZMQ_DONTWAIT, err, sizeof err);
+    st = proto_send(x->srv, &c->fr.from, &d, f, fb, 1, ZMQ_DONTWAIT, err, sizeof err);
     if (st) K3_WARN("%s: expert server: cannot send EXPERT_DONE: %s", x->o.name, err);
     pthread_mutex_lock(&x->mu);
     x->st.served++;
@@ -570,7 +657,9 @@ static void xs_serve_one(xs_srv *s) {
     x->st.served_misses += es.misses;
     x->st.served_ms += ms;
     pthread_mutex_unlock(&x->mu);
-    proto_frames_close(&fr);
+    s->running = NULL;
+    proto_frames_close(&c->fr);
+    free(c);
 }
 
 static void *xs_thread(void *arg) {
@@ -590,7 +679,17 @@ static void *xs_thread(void *arg) {
             K3_ERROR("%s: expert server: poll: %s", x->o.name, zmq_strerror(zmq_errno()));
             break;
         }
-        if (rc > 0) xs_serve_one(&s);
+        if (rc > 0) xs_drain(&s);
+        while (s.head && !atomic_load(&x->stop)) {
+            xs_serve_progress(&s); /* a call about to start is a sign of life too */
+            xs_serve_one(&s);
+        }
+    }
+    while (s.head) { /* stopping: the queued calls are dropped (their callers time out) */
+        xs_call *c = s.head;
+        s.head = c->next;
+        proto_frames_close(&c->fr);
+        free(c);
     }
     free(s.ar.base);
     free(s.y);

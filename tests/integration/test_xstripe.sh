@@ -178,7 +178,7 @@ wait $CP
 rc=$?
 grep '^ids:' "$T/kill.out" >"$T/kill.ids"
 # the first failed step: the coordinator's WARN line carries its time of day
-line=$(grep -m1 'stripe peer of drive [23] .* did not answer' "$T/kill.err")
+line=$(grep -m1 'stripe peer of drive [23] .* gave no answer nor progress' "$T/kill.err")
 t_err=$(echo "$line" | /usr/bin/python3 -c '
 import sys, time, datetime
 l = sys.stdin.read().split()
