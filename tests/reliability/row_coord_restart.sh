@@ -15,7 +15,7 @@
 #     token-identically when its text equals the reference's and its usage
 #     reports cached prompt tokens (> 0: the checkpoint was loaded from disk,
 #     not replayed).
-# Prints ok / not ok lines and one line "# row|fault|trials|recovered
+# Prints ok / not ok lines and one line "ROW|fault|trials|recovered
 # token-identically|errors reported|max RSS|max recovery time" (the format
 # of tests/test_peer_budget.c's rows), the recovery time being the kill to
 # turn 2's answer, restart included. Exit status 1 when a trial failed.
@@ -112,6 +112,6 @@ done
 kill -TERM "$REF" 2>/dev/null
 wait "$REF" 2>/dev/null
 
-echo "# row|coordinator (serve --ckpt 2 --ckpt-dir) killed with -9 between turns, restarted on the same directory|$TRIALS|$rec|$errs failed|$rss kB|$worst ms (restart + turn 2)"
+echo "ROW|coordinator (serve --ckpt 2 --ckpt-dir) killed with -9 between turns, restarted on the same directory|$TRIALS|$rec|$errs failed|$rss kB|$worst ms (restart + turn 2)"
 [ "$rec" -eq "$TRIALS" ] || exit 1
 exit $fail
