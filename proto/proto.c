@@ -185,6 +185,8 @@ static const field_desc f_stats_ok[] = {
     {"read_gbps", FK_F64, FD_OPT, OFF(stats_ok.read_gbps), 0, 0, 0, NULL},
     {"uptime_s", FK_F64, FD_OPT, OFF(stats_ok.uptime_s), 0, 0, 0, NULL},
     {"registered", FK_BOOL, FD_OPT, OFF(stats_ok.registered), 0, 0, 1, NULL},
+    {"stripe", FK_STR, FD_OPT, OFF(stats_ok.stripe), sizeof(((proto_msg *)0)->u.stats_ok.stripe), 0,
+     sizeof(((proto_msg *)0)->u.stats_ok.stripe) - 1, NULL},
 };
 static const field_desc f_heartbeat[] = {
     F_U64("req", heartbeat.busy_request, 0, ANY, NULL),

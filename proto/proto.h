@@ -139,6 +139,10 @@ typedef struct proto_stats_ok { /* cumulative since the worker started */
     double read_gbps;              /* measured drive read GB/s, 0 = not measured */
     double uptime_s;               /* seconds since the worker started */
     bool registered;               /* a coordinator's HELLO is current (epoch != 0) */
+
+    /* optional too: with --placement, each placement drive and its share of
+     * the worker's experts, "DRIVE:PCT%,..."; "" = no placement (see dirs) */
+    char stripe[K3_PROTO_MAX_NAME];
 } proto_stats_ok;
 
 typedef struct proto_heartbeat {

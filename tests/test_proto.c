@@ -111,6 +111,7 @@ static const key_spec keys[] = {
     {PROTO_MSG_STATS_OK, "read_gbps", K_F64, 0},
     {PROTO_MSG_STATS_OK, "uptime_s", K_F64, 0},
     {PROTO_MSG_STATS_OK, "registered", K_BOOL, 0},
+    {PROTO_MSG_STATS_OK, "stripe", K_STR, 255},
     {PROTO_MSG_HEARTBEAT, "req", K_U64, 0},
 };
 #define N_KEYS (int)(sizeof keys / sizeof keys[0])

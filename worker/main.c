@@ -386,6 +386,7 @@ static int run(const wopts *o) {
     }
     int rc = check_opts(o, &a, &b, &w);
     if (rc) return rc;
+    wk_stripe_desc(o->eng.placement, a, b, w.stripe, sizeof w.stripe);
     k3_allow_list allow = {0};
     k3_model_opts mo;
     char usage_path[4200];
