@@ -5,8 +5,9 @@
 # $CACHE/workstation_slice when missing, 4.4 GB; repacked --bits 8 into
 # $CACHE/workstation_slice_c8) on loop-device drives throttled with a cgroup
 # v1 blkio group (tests/workstation_lib.sh), one set of drives per word of
-# SETS (default "40 40,80 30,60,90,120": MB/s per drive, comma-separated).
-# The first drive holds the container; with several drives plan measures
+# SETS (default "40 80,40 120,90,60,30": MB/s per drive, comma-separated).
+# The first drive holds the container (and so the dense weights the load
+# reads, the fastest first keeps the load short); with several drives plan measures
 # them all, `place` stripes the experts over them by the plan's shares
 # (sparse copies on the others) and the engine reads each expert from its
 # drive (--placement). plan predicts s/token with the expert cache left by
@@ -32,7 +33,14 @@ ws_init "bench-plan"
 export K3_USAGE=off
 CT_MB=$(($(du -sm "$S"_c8 | cut -f1) + 200))
 n_set=0
-for set in ${SETS:-40 40,80 30,60,90,120}; do
+set_done() { # the set's drives unmounted and freed (they live in /dev/shm)
+    local x
+    for x in "${WS_MOUNTS[@]}"; do umount "$x" 2>/dev/null || umount -l "$x"; done
+    for x in "${WS_LOOPS[@]}"; do losetup -d "$x" 2>/dev/null; done
+    rm -f /dev/shm/"$WS_TAG".*.img
+    WS_MOUNTS=() WS_LOOPS=()
+}
+for set in ${SETS:-40 80,40 120,90,60,30}; do
     n_set=$((n_set + 1))
     IFS=, read -r -a rates <<<"$set"
     dirs=() i=0
@@ -59,7 +67,11 @@ for set in ${SETS:-40 40,80 30,60,90,120}; do
     if [ ${#rates[@]} -gt 1 ]; then
         w=$(/usr/bin/python3 -c 'import json,sys; print(",".join("%.6f" % d["share"] for d in json.load(open(sys.argv[1]))["drives"]))' "$T/plan$n_set.json")
         "$C" place --model "$D" --drives "$dl" --weights "$w" --usage off --out "$T/place$n_set.json" \
-            2>"$T/place$n_set.err" || { echo "set $set: place failed: $(tail -1 "$T/place$n_set.err")"; continue; }
+            2>"$T/place$n_set.err" || {
+            echo "set $set: place failed: $(tail -1 "$T/place$n_set.err")"
+            set_done
+            continue
+        }
         place=(--placement "$T/place$n_set.json")
     fi
     sync
@@ -86,4 +98,5 @@ for i, d in enumerate(p["drives"]):
 err = abs(pred - meas) / meas * 100 if meas > 0 else float("nan")
 print("set %s MB/s: %s; plan predicts %.2f s/token, measured %.2f s/token (%.0f %% off)" % (rates, "; ".join(parts), pred, meas, err))
 EOF
+    set_done
 done
