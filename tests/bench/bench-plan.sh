@@ -11,10 +11,16 @@
 # them all, `place` stripes the experts over them by the plan's shares
 # (sparse copies on the others) and the engine reads each expert from its
 # drive (--placement). plan predicts s/token with the expert cache left by
-# --ram 2.0 (0 GB: the dense weights take it all); the in-process engine
-# then decodes 4 tokens with a 2-slot cache (--expert-gb 0.04) inside the
-# throttle. The slice has 16 experts, all selected each token (topk 16), so
-# each decode step reads ~16 experts of 17.5 MB per MoE layer.
+# --ram RAM (default 2.0: 0 GB of expert cache, the dense weights take it
+# all); the in-process engine then decodes 4 tokens inside the throttle
+# with the plan's expert cache (its cache_gb, as bytes: the engine's
+# --expert-gb counts GiB), at least 2 slots (0.04). The cache's slots also
+# bound the expert reads in flight (with 2 slots at most 2 drives are read
+# at once), so striped sets want RAM=2.2: 0.147 GB of cache, 8 slots, for
+# which plan predicts a 52 % hit rate (cache / expert bytes) and the
+# engine's policy keeps 7 of the 16 experts a token reads (44 %). The
+# slice has 16 experts, all selected each token (topk 16): without cache
+# each decode step reads 16 experts of 17.5 MB (its one MoE layer).
 # Prints per set: each drive's share of the expert bytes against its share
 # of the measured speed, the bytes place put on it, and predicted against
 # measured s/token.
@@ -61,7 +67,7 @@ for set in ${SETS:-40 80,40 120,90,60,30}; do
     dl=$(IFS=,; echo "${dirs[*]}")
     sync
     echo 3 >/proc/sys/vm/drop_caches
-    pred=$(ws_in_cg "$C" plan --model "$D" --drives "$dl" --ram 2.0 --seconds 3 --out "$T/plan$n_set.json" 2>/dev/null |
+    pred=$(ws_in_cg "$C" plan --model "$D" --drives "$dl" --ram "${RAM:-2.0}" --seconds 3 --out "$T/plan$n_set.json" 2>/dev/null |
         sed -n 's/^plan: predicted \([0-9.]*\) s\/token.*/\1/p')
     place=()
     if [ ${#rates[@]} -gt 1 ]; then
@@ -74,9 +80,10 @@ for set in ${SETS:-40 80,40 120,90,60,30}; do
         }
         place=(--placement "$T/place$n_set.json")
     fi
+    egb=$(/usr/bin/python3 -c 'import json,sys; print("%.4f" % max(0.04, sum(w["cache_gb"] for w in json.load(open(sys.argv[1]))["workers"]) * 1e9 / 2**30))' "$T/plan$n_set.json")
     sync
     echo 3 >/proc/sys/vm/drop_caches
-    meas=$(ws_in_cg "$C" --model "$D" "${place[@]}" --local 0 --ids 5,7 --ngen 5 --expert-gb 0.04 --log-level info 2>&1 |
+    meas=$(ws_in_cg "$C" --model "$D" "${place[@]}" --local 0 --ids 5,7 --ngen 5 --expert-gb "$egb" --log-level info 2>&1 | tee "$T/run$n_set.log" |
         sed -n 's/.*decode: .*(\([0-9.]*\) ms\/token.*/\1/p')
     /usr/bin/python3 - "$T/plan$n_set.json" "$set" "$pred" "${meas:-0}" "$T/place$n_set.err" <<'EOF'
 import json, os, re, sys
@@ -96,7 +103,7 @@ for i, d in enumerate(p["drives"]):
         s += ", placed %.1f%% of experts" % (100.0 * placed.get(i, 0) / n_exp)
     parts.append(s)
 err = abs(pred - meas) / meas * 100 if meas > 0 else float("nan")
-print("set %s MB/s: %s; plan predicts %.2f s/token, measured %.2f s/token (%.0f %% off)" % (rates, "; ".join(parts), pred, meas, err))
+print("set %s MB/s: %s; expert cache %.3f GB; plan predicts %.2f s/token, measured %.2f s/token (%.0f %% off)" % (rates, "; ".join(parts), sum(w["cache_gb"] for w in p["workers"]), pred, meas, err))
 EOF
     set_done
 done
