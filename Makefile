@@ -84,6 +84,9 @@ DEPFLAGS := -MMD -MP
 COMPILE  = $(CC) $(K3_CFLAGS) $(CPPFLAGS) $(CFLAGS) $(DEPFLAGS)
 K3_LDLIBS:= $(PKG_LIBS) -lm -pthread
 
+# `make` alone builds the programs (the vk.o rule below would be the first)
+.DEFAULT_GOAL := all
+
 # The Vulkan expert tier (common/vk/, docs/VULKAN.md): compiled in when glslc
 # and the vulkan pkg-config module are here (K3_HAVE_VK; the shaders'
 # SPIR-V is embedded as C arrays); without them common/vk/vk.c builds its
