@@ -128,7 +128,7 @@ TINY     := $(FIXTURES)/tiny
 CACHE    ?= $(HOME)/.cache/k3shard
 
 .PHONY: all deps test run asan ubsan tsan fuzz format format-check clean reliability \
-        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-ab bench-vk \
+        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-ab bench-vk bench-plan \
         tests-bin fuzz-bin
 
 all: $(PROGS)
@@ -247,7 +247,7 @@ format:
 format-check:
 	clang-format --dry-run --Werror $(FORMAT_SRC)
 
-bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-vk: tests-bin
+bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-vk bench-plan: tests-bin
 	BUILD=$(BUILD) CACHE=$(CACHE) bash tests/bench/$@.sh
 
 # Two revisions' kernel side by side: make bench-ab A=52c3c6c B=. K=int4 N=1

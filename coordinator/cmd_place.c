@@ -75,41 +75,6 @@ static void prog_show(progress *p, int final) {
             p->tty && !final ? "" : "\n");
 }
 
-static uint64_t fnv(uint64_t h, uint64_t v) {
-    for (int i = 0; i < 8; i++) {
-        h ^= (v >> (8 * i)) & 0xff;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-/* 1 when <dir>/.done holds "hash size name". */
-static int done_has(const char *dir, uint64_t hash, uint64_t size, const char *name) {
-    char path[K3_MAX_PATH + 16], line[K3_MAX_PATH + 64], want[K3_MAX_PATH + 64];
-    snprintf(path, sizeof path, "%s/.done", dir);
-    snprintf(want, sizeof want, "%016llx %llu %s\n", (unsigned long long)hash,
-             (unsigned long long)size, name);
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f)) found = strcmp(line, want) == 0;
-    fclose(f);
-    return found;
-}
-
-static k3_status done_add(const char *dir, uint64_t hash, uint64_t size, const char *name,
-                          char *err, size_t errlen) {
-    char path[K3_MAX_PATH + 16];
-    snprintf(path, sizeof path, "%s/.done", dir);
-    FILE *f = fopen(path, "a");
-    int ok = f && fprintf(f, "%016llx %llu %s\n", (unsigned long long)hash,
-                          (unsigned long long)size, name) > 0;
-    if (f) ok &= fflush(f) == 0 && fsync(fileno(f)) == 0, ok &= fclose(f) == 0;
-    return ok ? K3_OK
-              : k3_errf(K3_ERR_IO, err, errlen, "place: %s: cannot append: %s", path,
-                        strerror(errno));
-}
-
 /* Copies [off, off + len) from in to out at the same offset. */
 static k3_status copy_range(int in, int out, uint64_t off, uint64_t len, unsigned char *buf,
                             progress *pg, const char *src, const char *dst, char *err,
@@ -150,8 +115,9 @@ static k3_status place_file(const k3_place_req *req, st_index *idx, const prange
                             size_t errlen) {
     const char *drive = req->drives[r[0].drive], *name = st_shard_name(idx, r[0].shard);
     uint64_t size = st_shard_size(idx, r[0].shard), bytes = 0;
-    uint64_t hash = fnv(1469598103934665603ull, size);
-    for (int i = 0; i < n; i++) hash = fnv(fnv(hash, r[i].off), r[i].len), bytes += r[i].len;
+    uint64_t hash = k3_placement_hash_init(size);
+    for (int i = 0; i < n; i++)
+        hash = k3_placement_hash_range(hash, r[i].off, r[i].len), bytes += r[i].len;
     char dir[K3_MAX_PATH], dst[K3_MAX_PATH + 512], tmp[K3_MAX_PATH + 520], src[K3_MAX_PATH];
     snprintf(dir, sizeof dir, "%s/%s", drive, K3_PLACEMENT_SUBDIR);
     if ((size_t)snprintf(dst, sizeof dst, "%s/%s", dir, name) >= sizeof dst)
@@ -164,19 +130,20 @@ static k3_status place_file(const k3_place_req *req, st_index *idx, const prange
     if (stat(src, &ss) != 0 || stat(dir, &ds) != 0)
         return k3_errf(K3_ERR_IO, err, errlen, "place: %s or %s: %s", src, dir, strerror(errno));
     ty->files++;
-    if (stat(dst, &ts) == 0 && (uint64_t)ts.st_size == size && done_has(dir, hash, size, name)) {
+    if (stat(dst, &ts) == 0 && (uint64_t)ts.st_size == size &&
+        k3_placement_done_has(dir, hash, size, name)) {
         ty->kept += bytes, pg->done += bytes; /* complete from an earlier run */
         return K3_OK;
     }
     if (stat(dst, &ts) == 0 && ts.st_ino == ss.st_ino && ts.st_dev == ss.st_dev) {
         ty->linked += bytes, pg->done += bytes; /* the drive is the shard's own directory */
-        return done_add(dir, hash, size, name, err, errlen);
+        return k3_placement_done_add(dir, hash, size, name, err, errlen);
     }
     if (!req->force_copy && ds.st_dev == ss.st_dev) {
         unlink(dst);
         if (link(src, dst) == 0) {
             ty->linked += bytes, pg->done += bytes;
-            return done_add(dir, hash, size, name, err, errlen);
+            return k3_placement_done_add(dir, hash, size, name, err, errlen);
         }
         /* EXDEV (bind mounts), EPERM (protected hard links): copy instead */
     }
@@ -210,19 +177,19 @@ static k3_status place_file(const k3_place_req *req, st_index *idx, const prange
         st = k3_errf(K3_ERR_IO, err, errlen, "place: rename %s: %s", tmp, strerror(errno));
     if (st != K3_OK) return st;
     ty->copied += bytes;
-    return done_add(dir, hash, size, name, err, errlen);
+    return k3_placement_done_add(dir, hash, size, name, err, errlen);
 }
 
 /* The ranges of every placed expert's six tensors. */
-static k3_status collect(st_index *idx, const k3_config *cfg, const k3_placement *p, prange **out,
-                         int *n_out, char *err, size_t errlen) {
+static k3_status collect(st_index *idx, const k3_config *cfg, const k3_placement *p, int la, int lb,
+                         prange **out, int *n_out, char *err, size_t errlen) {
     const char *prefix = st_prefix(idx);
     static const char *const part[6] = {"w1.weight_packed", "w1.weight_scale",  "w2.weight_packed",
                                         "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale"};
     int cap = 1024, n = 0;
     prange *r = k3_xmalloc((size_t)cap * sizeof *r);
     for (int l = 0; l < cfg->n_layers; l++) {
-        if (!cfg->is_moe[l]) continue;
+        if (!cfg->is_moe[l] || (lb > 0 && (l < la || l >= lb))) continue;
         for (int e = 0; e < cfg->n_experts; e++) {
             for (int k = 0; k < 6; k++) {
                 char name[K3_ST_MAX_NAME];
@@ -297,7 +264,11 @@ k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen) {
     if (st == K3_OK) st = st_open(&idx, &so, err, errlen);
     prange *r = NULL;
     int n = 0;
-    if (st == K3_OK) st = collect(idx, &cfg, p, &r, &n, err, errlen);
+    if (st == K3_OK && req->layer_b > 0 &&
+        (req->layer_a < 0 || req->layer_a >= req->layer_b || req->layer_b > cfg.n_layers))
+        st = k3_errf(K3_ERR_ARG, err, errlen, "place: --layers %d-%d: want 0 <= A < B <= %d",
+                     req->layer_a, req->layer_b, cfg.n_layers);
+    if (st == K3_OK) st = collect(idx, &cfg, p, req->layer_a, req->layer_b, &r, &n, err, errlen);
     progress pg = {.on = req->progress, .tty = isatty(2), .last_decile = -1, .t0 = k3_now_s()};
     for (int i = 0; i < n; i++) pg.total += r[i].len;
     unsigned char *buf = k3_xmalloc(PLACE_BUF);
@@ -415,7 +386,7 @@ k3_status k3_place_read_plan(const char *path, uint64_t fp, char ***paths, doubl
 /* ---- the command ---- */
 
 typedef struct place_opts {
-    char *model, *plan, *out, *usage;
+    char *model, *plan, *out, *usage, *layers;
     k3_opt_list drives, weights, dirs;
     int copy, help;
     double topp;
@@ -479,6 +450,13 @@ static const k3_opt place_table[] = {
      .max = 1,
      .metavar = "P",
      .help = "the runs' K3_TOPP (part of the model fingerprint)"},
+    {.name = "layers",
+     .flag = "--layers",
+     .type = K3_OPT_STRING,
+     .offset = PO(layers),
+     .metavar = "A-B",
+     .help = "lay out only the experts of layers [A, B) (a worker's, on its host; the placement "
+             "file still places every layer)"},
     {.name = "copy",
      .flag = "--copy",
      .type = K3_OPT_BOOL,
@@ -566,6 +544,19 @@ int cmd_place(int argc, char **argv) {
             }
         }
     }
+    int la = 0, lb = 0;
+    if (o.layers) {
+        char *end = NULL;
+        long a = strtol(o.layers, &end, 10),
+             b = end && *end == '-' ? strtol(end + 1, &end, 10) : -1;
+        if (!end || *end || a < 0 || b <= a || b > K3_MAX_LAYERS) {
+            st =
+                k3_errf(K3_ERR_ARG, err, sizeof err,
+                        "--layers \"%s\": want A-B with 0 <= A < B <= %d", o.layers, K3_MAX_LAYERS);
+            goto fail;
+        }
+        la = (int)a, lb = (int)b;
+    }
     if (o.out)
         snprintf(out, sizeof out, "%s", o.out);
     else
@@ -584,6 +575,8 @@ int cmd_place(int argc, char **argv) {
                         .topp = o.topp,
                         .out = out,
                         .force_copy = o.copy,
+                        .layer_a = la,
+                        .layer_b = lb,
                         .progress = 1};
     if ((st = k3_place_layout(&req, err, sizeof err))) goto fail;
     rc = 0;

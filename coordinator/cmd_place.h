@@ -33,6 +33,9 @@ typedef struct k3_place_req {
     int max_layers;       /* K3_LAYERS (part of the config the fingerprint covers) */
     const char *out;      /* placement file to write */
     int force_copy;       /* 1: copy even where a hard link would do */
+    int layer_a, layer_b; /* lay out only the experts of layers [layer_a, layer_b) (a host
+                             holding one worker's shards); 0, 0 = every layer. The placement
+                             file still places every MoE layer */
     int progress;         /* 1: progress on stderr */
 } k3_place_req;
 

@@ -12,6 +12,7 @@
 #include "common/ckpt/config.h"
 #include "common/ckpt/container.h"
 #include "common/engine/model.h"
+#include "common/experts/experts.h"
 #include "common/experts/placement.h"
 #include "coordinator/cmd_place.h"
 
@@ -101,8 +102,9 @@ static const char usage_text[] =
     "is written to <name>.tmp and renamed, so an interrupted run resumes where it\n"
     "stopped; the index is rebuilt from every completed shard on every run.\n"
     "With --placement PLAN.json (a plan from k3-coordinator plan, or a placement file)\n"
-    "the container's experts are then striped over the plan's drives, as\n"
-    "k3-coordinator place does; run with --placement <first drive>/k3-stripe/placement.json.";
+    "the stream also writes each expert into its drive's k3-stripe/<shard> (the layout\n"
+    "k3-coordinator place makes, no second read; a drive on DST's file system gets a\n"
+    "hard link afterwards); run with --placement <first drive>/k3-stripe/placement.json.";
 
 /* The drives and shares of --placement: a plan file (k3-coordinator plan,
  * made for SRC) or a placement file (its drives and weights; the container
@@ -134,8 +136,32 @@ static k3_status plan_drives(const char *src, const char *path, repack_plan *p, 
     return k3_place_read_plan(path, fp, &p->paths, p->w, &p->n, err, errlen);
 }
 
-/* Stripes the container's experts over the plan's drives (cmd_place.c):
- * hard links where a drive shares DST's file system, else sparse copies. */
+/* The placement the stream writes by: built from SRC's config with the
+ * plan's drives and weights (no usage history), as place_container's
+ * k3_place_layout builds it again for the container's fingerprint: the
+ * same experts on the same drives. */
+static k3_status stream_placement(const char *src, const repack_plan *p, k3_placement **out,
+                                  char *err, size_t errlen) {
+    k3_config cfg;
+    k3_status st = k3_config_load(&cfg, src, 0, err, errlen);
+    if (st != K3_OK) return st;
+    k3_expert_geom g;
+    k3_expert_geom_init(&g, &cfg);
+    k3_place_input in = {.drives = (const char *const *)p->paths,
+                         .n_drives = p->n,
+                         .weight = p->w,
+                         .fingerprint = 0,
+                         .n_layers = cfg.n_layers,
+                         .n_experts = cfg.n_experts,
+                         .is_moe = cfg.is_moe,
+                         .expert_bytes = g.total,
+                         .usage = NULL};
+    return k3_placement_build(out, &in, err, errlen);
+}
+
+/* Completes the stripes over the plan's drives and writes the placement
+ * file (cmd_place.c): the drive files the stream wrote are kept (their
+ * .done records), a drive on DST's file system gets hard links. */
 static k3_status place_container(const char *dst, const repack_plan *p, int copy, int quiet,
                                  char *err, size_t errlen) {
     char out[K3_MAX_PATH + 64];
@@ -158,6 +184,7 @@ int cmd_repack(int argc, char **argv) {
     int npos = 0, rc = 0;
     int *nums = NULL;
     repack_plan plan = {0};
+    k3_placement *spl = NULL; /* --placement: the drives the stream writes by */
     k3_status st = k3_opts_parse(repack_table, N_REPACK_OPTS, &c, NULL, argc, argv, pos, &npos, err,
                                  sizeof err);
     if (!st && c.help) {
@@ -195,6 +222,11 @@ int cmd_repack(int argc, char **argv) {
         }
         nums[i] = (int)v;
     }
+    if (c.placement && (st = stream_placement(pos[0], &plan, &spl, err, sizeof err))) {
+        fprintf(stderr, "repack: --placement %s: %s\n", c.placement, err);
+        rc = 2;
+        goto out;
+    }
     k3_repack_opts ro = {.src = pos[0],
                          .dst = pos[1],
                          .bits = c.bits,
@@ -203,6 +235,8 @@ int cmd_repack(int argc, char **argv) {
                          .shards = c.shards.n ? nums : NULL,
                          .n_shards = c.shards.n,
                          .verify_full = c.verify_full,
+                         .placement = spl,
+                         .place_copy = c.copy,
                          .progress = c.quiet     ? 0
                                      : isatty(2) ? 2
                                                  : 1};
@@ -232,6 +266,7 @@ int cmd_repack(int argc, char **argv) {
         goto out;
     }
 out:
+    k3_placement_free(&spl);
     for (int d = 0; d < plan.n; d++) free(plan.paths[d]);
     free(plan.paths);
     free(nums);

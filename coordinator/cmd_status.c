@@ -204,9 +204,13 @@ static void print_table(const st_row *rows, int n) {
             uint64_t tot = s->expert_hits + s->expert_misses;
             if (tot) snprintf(hit, sizeof hit, "%.1f%%", 100.0 * (double)s->expert_hits / tot);
         }
+        /* the expert stripe when the worker reads a placement, else its --dirs */
+        const char *stripe = !r->answered     ? "-"
+                             : r->s.stripe[0] ? r->s.stripe
+                             : r->s.dirs[0]   ? r->s.dirs
+                                              : "-";
         printf("%-21s %-14s %-8s %-24s %-26s %8s %9s %8s %8s  %s\n", host,
-               r->answered && r->s.name[0] ? r->s.name : "-", lay,
-               r->answered && r->s.dirs[0] ? r->s.dirs : "-",
+               r->answered && r->s.name[0] ? r->s.name : "-", lay, stripe,
                r->answered && r->s.build[0] ? r->s.build : "-", gbs, up, ses, hit, r->state);
     }
 }
@@ -236,7 +240,8 @@ int cmd_status(int argc, char **argv) {
                      "--worker-keys FILE]\n"
                      "Asks each worker who it is (STATS probe, no registration, no effect on "
                      "a running\ncoordinator) and prints one row per worker: host, layer range, "
-                     "drives (stripe),\nbuild, drive GB/s, uptime, sessions held, expert cache "
+                     "stripe (each placement drive:\nits share of the experts, else --dirs), "
+                     "build, drive GB/s, uptime, sessions held, expert cache "
                      "hit rate, and its state\n(ok, or why this coordinator would be refused). "
                      "Exit status 1 when any is not ok.",
                      st_table, N_ST);

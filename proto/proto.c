@@ -206,6 +206,8 @@ static const field_desc f_stats_ok[] = {
     {"vk_cpu_ms", FK_F64, FD_OPT, OFF(stats_ok.vk_cpu_ms), 0, 0, 0, NULL},
     {"vk_wait_ms", FK_F64, FD_OPT, OFF(stats_ok.vk_wait_ms), 0, 0, 0, NULL},
     {"vk_off", FK_BOOL, FD_OPT, OFF(stats_ok.vk_off), 0, 0, 1, NULL},
+    {"stripe", FK_STR, FD_OPT, OFF(stats_ok.stripe), sizeof(((proto_msg *)0)->u.stats_ok.stripe), 0,
+     sizeof(((proto_msg *)0)->u.stats_ok.stripe) - 1, NULL},
 };
 static const field_desc f_heartbeat[] = {
     F_U64("req", heartbeat.busy_request, 0, ANY, NULL),

@@ -158,6 +158,10 @@ typedef struct proto_stats_ok { /* cumulative since the worker started */
     uint32_t vk_resident;                       /* experts on the device now */
     double vk_device_ms, vk_cpu_ms, vk_wait_ms; /* per MoE step, summed */
     bool vk_off;                                /* the device failed: CPU alone */
+
+    /* optional too: with --placement, each placement drive and its share of
+     * the worker's experts, "DRIVE:PCT%,..."; "" = no placement (see dirs) */
+    char stripe[K3_PROTO_MAX_NAME];
 } proto_stats_ok;
 
 typedef struct proto_ckpt { /* CHECKPOINT, RESTORE (1.2, PROTOCOL.md "Checkpoints") */

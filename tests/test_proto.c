@@ -125,6 +125,7 @@ static const key_spec keys[] = {
     {PROTO_MSG_STATS_OK, "vk_cpu_ms", K_F64, 0},
     {PROTO_MSG_STATS_OK, "vk_wait_ms", K_F64, 0},
     {PROTO_MSG_STATS_OK, "vk_off", K_BOOL, 0},
+    {PROTO_MSG_STATS_OK, "stripe", K_STR, 255},
     {PROTO_MSG_HEARTBEAT, "req", K_U64, 0},
     {PROTO_MSG_EXPERT_CALL, "layer", K_U32, 0}, /* 1.2 */
     {PROTO_MSG_EXPERT_CALL, "drive", K_U32, 0},

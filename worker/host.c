@@ -16,6 +16,7 @@
 #include "common/base/limits.h"
 #include "common/base/log.h"
 #include "common/ckpt/safetensors.h"
+#include "common/experts/placement.h"
 
 k3_status wk_pin_numa(int node, char *desc, size_t desclen, char *err, size_t errlen) {
     if (desc && desclen) desc[0] = 0;
@@ -262,4 +263,26 @@ k3_status wk_bench_read(const char *model_dir, const char *const *dirs, int n_di
     *direct_used = all_direct;
     *gbps = dt > 0 ? (double)total / dt / 1e9 : 0;
     return K3_OK;
+}
+
+void wk_stripe_desc(const char *placement, int layer_a, int layer_b, char *buf, size_t len) {
+    buf[0] = 0;
+    k3_placement *p = NULL;
+    char err[256];
+    if (!placement || k3_placement_load(&p, placement, err, sizeof err)) return;
+    int nd = k3_placement_drives(p);
+    uint64_t total = 0, per[K3_MAX_DIRS] = {0};
+    for (int d = 0; d < nd && d < K3_MAX_DIRS; d++) {
+        for (int l = layer_a; l < layer_b; l++) per[d] += (uint64_t)k3_placement_count(p, l, d);
+        total += per[d];
+    }
+    size_t used = 0;
+    for (int d = 0; d < nd && d < K3_MAX_DIRS && used + 1 < len; d++) {
+        int n = snprintf(buf + used, len - used, "%s%s:%.0f%%", d ? "," : "",
+                         k3_placement_drive_path(p, d), total ? 100.0 * (double)per[d] / total : 0);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+    if (used >= len && len > 4) memcpy(buf + len - 4, "...", 4); /* cut: says so */
+    k3_placement_free(&p);
 }

@@ -46,4 +46,10 @@ k3_status wk_bench_read(const char *model_dir, const char *const *dirs, int n_di
                         int layer_b, size_t max_bytes, double *gbps, size_t *bytes_read,
                         int *direct_used, char *err, size_t errlen);
 
+/* The expert stripe of layers [layer_a, layer_b) under the placement file
+ * (k3-coordinator place) as "DRIVE:PCT%,DRIVE:PCT%": each drive's share of
+ * those layers' experts, what STATS_OK's "stripe" reports. A placement
+ * that cannot be read leaves buf "" (the model load names the problem). */
+void wk_stripe_desc(const char *placement, int layer_a, int layer_b, char *buf, size_t len);
+
 #endif

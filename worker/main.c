@@ -493,6 +493,7 @@ static int run(const wopts *o) {
     if (rc) return rc;
     w.xs_own = xo.own;
     wk_xstripe *xs = NULL;
+    wk_stripe_desc(o->eng.placement, a, b, w.stripe, sizeof w.stripe);
     k3_allow_list allow = {0};
     k3_model_opts mo;
     char usage_path[4200];

@@ -281,6 +281,7 @@ static void on_stats(wk *w, wk_req *r) {
     snprintf(so->name, sizeof so->name, "%s", w->o->name);
     snprintf(so->build, sizeof so->build, "%s", w->o->build);
     snprintf(so->dirs, sizeof so->dirs, "%s", w->o->dirs);
+    snprintf(so->stripe, sizeof so->stripe, "%s", w->o->stripe);
     so->layers[0] = (uint32_t)w->layer_a;
     so->layers[1] = (uint32_t)w->layer_b;
     so->read_gbps = w->o->read_gbps;

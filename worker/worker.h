@@ -50,9 +50,10 @@ typedef struct wk_opts {
     int fault_stall_at;           /* tests only: the N-th FORWARD stalls forever (T3), 0 = off */
 
     /* what a STATS probe reports (k3-coordinator status) */
-    char build[K3_PROTO_MAX_NAME]; /* k3_link_build(), or K3_WORKER_FAULT's build=ID (tests) */
-    char dirs[K3_PROTO_MAX_NAME];  /* the shard directories (--dirs): the stripe */
-    double start_ms;               /* k3_now_ms() at start: the uptime */
+    char build[K3_PROTO_MAX_NAME];  /* k3_link_build(), or K3_WORKER_FAULT's build=ID (tests) */
+    char dirs[K3_PROTO_MAX_NAME];   /* the shard directories (--dirs) */
+    char stripe[K3_PROTO_MAX_NAME]; /* --placement's drives and expert shares, "" = none */
+    double start_ms;                /* k3_now_ms() at start: the uptime */
     /* cross-worker striping (worker/xstripe.h), NULL = off */
     struct wk_xstripe *xs; /* borrowed */
     uint32_t xs_own;       /* the drives it serves */

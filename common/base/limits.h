@@ -78,6 +78,8 @@
 #define K3_MAX_KEYFILE_BYTES 65536 /* key / allow-list / worker-keys file; 1024 keys x ~60 B */
 #define K3_MAX_WORKERS       128   /* stages: at most one per layer (K3_MAX_LAYERS) */
 #define K3_MAX_ENDPOINT      256   /* one endpoint string (ipc paths are <= 107 bytes) */
+#define K3_MAX_HOSTS         64    /* plan --hosts: hosts of a small cluster */
+#define K3_MAX_HOSTS_FILE    (1u << 20) /* plan --hosts file: 64 hosts x 16 drives is ~100 KB */
 
 /* ---- HTTP serving (coordinator/serve*.c, docs/SERVING.md) ---- */
 #define K3_SERVE_MAX_BODY       (8u << 20) /* request body: 8 MiB holds ~2M tokens of text */

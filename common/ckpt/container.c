@@ -22,6 +22,7 @@
 #include "common/base/limits.h"
 #include "common/base/log.h"
 #include "common/ckpt/safetensors.h"
+#include "common/experts/placement.h"
 #include "common/kernels/kernels.h"
 
 #define PFX "language_model."
@@ -216,6 +217,7 @@ typedef struct out_tensor {
     int64_t shape[K3_ST_MAX_RANK];
     uint64_t nbytes, off;  /* off: relative to the data section */
     long expert, w, scale; /* experts: sort key */
+    int drive;             /* --placement: the drive of this expert, -1 none */
 } out_tensor;
 
 static int cmp_src_off(const void *a, const void *b) {
@@ -291,8 +293,119 @@ typedef struct repack_ctx {
     unsigned char *buf; /* K3_REPACK_BLOCK bytes */
     float *fbuf;        /* K3_REPACK_BLOCK bytes of floats */
     k3_repack_stats *stats;
-    uint64_t kill_at; /* test hook, 0 = off */
+    uint64_t kill_at;            /* test hook, 0 = off */
+    int copy_drive[K3_MAX_DIRS]; /* --placement: 1 = written in the stream */
 } repack_ctx;
+
+/* ---- the expert stripe written in the stream (o->placement) ---- */
+
+/* One drive's copy of the shard being written. */
+typedef struct stripe_file {
+    int fd; /* -1: the drive gets nothing of this shard in the stream */
+    char dir[PATHN], path[PATHN + 320], tmp[PATHN + 328];
+    uint64_t hash, run_off, run_len; /* the .done record's hash, the open range */
+} stripe_file;
+
+static k3_status pwrite_all(int fd, const void *buf, size_t n, uint64_t off, const char *path,
+                            char *err, size_t errlen) {
+    const unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, (off_t)off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0)
+            return k3_errf(K3_ERR_IO, err, errlen, "%s: write at %llu: %s", path,
+                           (unsigned long long)off, w < 0 ? strerror(errno) : "no progress");
+        p += w, n -= (size_t)w, off += (uint64_t)w;
+    }
+    return K3_OK;
+}
+
+/* The decoder layer of a tensor name ("...layers.N...."), -1 if none. */
+static int name_layer(const char *name) {
+    const char *p = strstr(name, "layers.");
+    if (!p) return -1;
+    char *end;
+    long l = strtol(p + 7, &end, 10);
+    return end != p + 7 && *end == '.' && l >= 0 && l < K3_MAX_LAYERS ? (int)l : -1;
+}
+
+/* Opens the drive files of one shard (size `want`, header l8 + hdr) for the
+ * drives the stream writes, and sets each expert's drive. */
+static k3_status stripe_open(repack_ctx *x, out_tensor *out, int n, const unsigned char *l8,
+                             const char *hdr, size_t hl, uint64_t want, const char *name,
+                             stripe_file *sf, char *err, size_t errlen) {
+    const k3_placement *p = x->o->placement;
+    int nd = k3_placement_drives(p);
+    for (int d = 0; d < nd; d++) sf[d].fd = -1;
+    for (int i = 0; i < n; i++) {
+        out[i].drive = -1;
+        if (out[i].cls != K3_RP_EXPERT) continue;
+        int l = name_layer(out[i].src->name),
+            d = l < 0 ? -1 : k3_placement_drive_of(p, l, (int)out[i].expert);
+        if (d < 0 || d >= nd)
+            return k3_errf(K3_ERR_MISMATCH, err, errlen,
+                           "--placement: expert tensor %s (layer %d, expert %ld) is not placed",
+                           out[i].src->name, l, out[i].expert);
+        if (!x->copy_drive[d]) continue;
+        out[i].drive = d;
+        stripe_file *f = &sf[d];
+        uint64_t at = 8 + hl + out[i].off;
+        if (f->fd < 0) {
+            if ((size_t)snprintf(f->dir, sizeof f->dir, "%s/%s", k3_placement_drive_path(p, d),
+                                 K3_PLACEMENT_SUBDIR) >= sizeof f->dir ||
+                (size_t)snprintf(f->path, sizeof f->path, "%s/%s", f->dir, name) >=
+                    sizeof f->path ||
+                (size_t)snprintf(f->tmp, sizeof f->tmp, "%s.tmp", f->path) >= sizeof f->tmp)
+                return k3_errf(K3_ERR_LIMIT, err, errlen, "--placement: drive %s: path too long",
+                               k3_placement_drive_path(p, d));
+            f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (f->fd < 0)
+                return k3_errf(K3_ERR_IO, err, errlen, "%s: %s", f->tmp, strerror(errno));
+            if (ftruncate(f->fd, (off_t)want) != 0)
+                return k3_errf(K3_ERR_IO, err, errlen, "%s: cannot size it to %llu bytes: %s",
+                               f->tmp, (unsigned long long)want, strerror(errno));
+            k3_status st = pwrite_all(f->fd, l8, 8, 0, f->tmp, err, errlen);
+            if (!st) st = pwrite_all(f->fd, hdr, hl, 8, f->tmp, err, errlen);
+            if (st) return st;
+            f->hash = k3_placement_hash_init(want);
+            f->run_off = at, f->run_len = 0;
+        }
+        /* ranges merged where they touch, as place merges them */
+        if (f->run_len && f->run_off + f->run_len >= at) {
+            if (at + out[i].nbytes > f->run_off + f->run_len)
+                f->run_len = at + out[i].nbytes - f->run_off;
+        } else {
+            if (f->run_len) f->hash = k3_placement_hash_range(f->hash, f->run_off, f->run_len);
+            f->run_off = at, f->run_len = out[i].nbytes;
+        }
+    }
+    return K3_OK;
+}
+
+/* Completes the drive files (fsync, size check, rename, .done record);
+ * with st set, only closes them. */
+static k3_status stripe_close(stripe_file *sf, int nd, uint64_t want, const char *name,
+                              k3_status st, char *err, size_t errlen) {
+    for (int d = 0; d < nd; d++) {
+        stripe_file *f = &sf[d];
+        if (f->fd < 0) continue;
+        struct stat sb;
+        if (!st && fsync(f->fd) != 0)
+            st = k3_errf(K3_ERR_IO, err, errlen, "%s: fsync: %s", f->tmp, strerror(errno));
+        if (!st && (fstat(f->fd, &sb) != 0 || (uint64_t)sb.st_size != want))
+            st = k3_errf(K3_ERR_IO, err, errlen, "%s: %lld bytes, expected %llu", f->tmp,
+                         (long long)sb.st_size, (unsigned long long)want);
+        close(f->fd);
+        f->fd = -1;
+        if (!st && rename(f->tmp, f->path) != 0)
+            st = k3_errf(K3_ERR_IO, err, errlen, "rename %s: %s", f->tmp, strerror(errno));
+        if (!st)
+            st = k3_placement_done_add(f->dir,
+                                       k3_placement_hash_range(f->hash, f->run_off, f->run_len),
+                                       want, name, err, errlen);
+    }
+    return st;
+}
 
 /* Quantizes src (a [O, I] float matrix) in row blocks with the engine's
  * load-time quantizer and writes the U8 data, then the F32 scales. Each row
@@ -346,9 +459,11 @@ static k3_status write_quantized(repack_ctx *x, int fd, const char *path, const 
     return st;
 }
 
-/* Copies the source bytes of o->src through the block buffer. */
-static k3_status write_copy(repack_ctx *x, int fd, const char *path, const out_tensor *o, char *err,
-                            size_t errlen) {
+/* Copies the source bytes of o->src through the block buffer (and, for an
+ * expert of a drive the stream writes, the same bytes to its drive file at
+ * data_start + o->off). */
+static k3_status write_copy(repack_ctx *x, int fd, const char *path, const out_tensor *o,
+                            const stripe_file *sf, uint64_t data_start, char *err, size_t errlen) {
     const st_tensor *t = o->src;
     for (uint64_t d = 0; d < t->nbytes;) {
         size_t n = t->nbytes - d < K3_REPACK_BLOCK ? (size_t)(t->nbytes - d) : K3_REPACK_BLOCK;
@@ -358,6 +473,9 @@ static k3_status write_copy(repack_ctx *x, int fd, const char *path, const out_t
             return st;
         }
         st = write_all(fd, x->buf, n, path, err, errlen);
+        if (!st && o->drive >= 0)
+            st = pwrite_all(sf[o->drive].fd, x->buf, n, data_start + o->off + d, sf[o->drive].tmp,
+                            err, errlen);
         if (st) return st;
         d += n;
         x->pr.done += n;
@@ -485,15 +603,20 @@ static k3_status write_shard(repack_ctx *x, int shard, const char *path, char *e
     for (int i = 0; i < 8; i++) l8[i] = (unsigned char)((uint64_t)hl >> (8 * i));
     st = write_all(fd, l8, 8, tmp, err, errlen);
     if (!st) st = write_all(fd, hdr, hl, tmp, err, errlen);
+    uint64_t want = 8 + hl + (n ? out[n - 1].off + out[n - 1].nbytes : 0);
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    stripe_file sf[K3_MAX_DIRS];
+    int nd = x->o->placement ? k3_placement_drives(x->o->placement) : 0;
+    for (int i = 0; i < n; i++) out[i].drive = -1;
+    if (!st && nd) st = stripe_open(x, out, n, l8, hdr, hl, want, base, sf, err, errlen);
     for (int i = 0; i < n && !st; i++) {
         if (out[i].qs) continue; /* written with its matrix */
         st = out[i].cls >= 4 ? write_quantized(x, fd, tmp, &out[i], err, errlen)
-                             : write_copy(x, fd, tmp, &out[i], err, errlen);
+                             : write_copy(x, fd, tmp, &out[i], sf, 8 + hl, err, errlen);
         /* the resume test's crash: SIGKILL once this many source bytes are
          * converted (K3_REPACK_TEST_KILL_AT), i.e. in the middle of a shard */
         if (x->kill_at && x->pr.done >= x->kill_at) raise(SIGKILL);
     }
-    uint64_t want = 8 + hl + (n ? out[n - 1].off + out[n - 1].nbytes : 0);
     struct stat sb;
     if (!st && (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != want))
         st = k3_errf(K3_ERR_INTERNAL, err, errlen, "%s: %lld bytes written, declared %llu", tmp,
@@ -501,6 +624,9 @@ static k3_status write_shard(repack_ctx *x, int shard, const char *path, char *e
     if (!st && fsync(fd) != 0)
         st = k3_errf(K3_ERR_IO, err, errlen, "%s: fsync: %s", tmp, strerror(errno));
     if (fd >= 0) close(fd);
+    /* the drive files complete before the shard: a shard present on a
+     * rerun (skipped) has its stream-written stripes */
+    if (nd) st = stripe_close(sf, nd, want, base, st, err, errlen);
     if (!st && rename(tmp, path) != 0)
         st = k3_errf(K3_ERR_IO, err, errlen, "rename %s: %s", tmp, strerror(errno));
     if (!st) {
@@ -791,6 +917,18 @@ k3_status k3_repack(const k3_repack_opts *o, k3_repack_stats *stats, char *err, 
     }
     st = settings_check(o, err, errlen);
     if (st) return st;
+    for (int d = 0; o->placement && d < k3_placement_drives(o->placement); d++) {
+        char sd[PATHN];
+        const char *dp = k3_placement_drive_path(o->placement, d);
+        snprintf(sd, sizeof sd, "%s/%s", dp, K3_PLACEMENT_SUBDIR);
+        struct stat a, b;
+        if ((mkdir(dp, 0755) != 0 && errno != EEXIST) ||
+            (mkdir(sd, 0755) != 0 && errno != EEXIST) || stat(sd, &a) != 0 || stat(o->dst, &b) != 0)
+            return k3_errf(K3_ERR_IO, err, errlen, "--placement: cannot create %s: %s", sd,
+                           strerror(errno));
+        /* a drive on DST's file system gets a hard link afterwards (place) */
+        x.copy_drive[d] = o->place_copy || a.st_dev != b.st_dev;
+    }
     st_open_opts so = {o->src, NULL, 0};
     st = st_open(&x.src, &so, err, errlen);
     if (!st) st = st_open_all(x.src, err, errlen);

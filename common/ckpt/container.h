@@ -36,6 +36,8 @@ enum {
  * class given 32 bits is passed through. */
 int k3_repack_class(const char *name, const k3_config *cfg, int bits, int mla_bits, int head_bits);
 
+struct k3_placement; /* common/experts/placement.h */
+
 typedef struct k3_repack_opts {
     const char *src, *dst;
     int bits, mla_bits, head_bits; /* 4 or 8 (mla/head 32 = pass through) */
@@ -43,6 +45,15 @@ typedef struct k3_repack_opts {
     int n_shards;
     int verify_full; /* re-read every expert byte of source and container */
     int progress;    /* progress on stderr: 2 = redrawn bar (a tty), 1 = a line per shard */
+    /* repack --placement: as the stream writes a shard's experts it also
+     * writes each drive's copy <drive>/k3-stripe/<shard> (the layout of
+     * `k3-coordinator place`: the shard's size and header, that drive's
+     * experts at their offsets, holes elsewhere; <shard>.tmp + rename and a
+     * .done record), for drives off DST's file system or all with
+     * place_copy. Drives on DST's file system are left to place's hard link
+     * afterwards. NULL = none. Borrowed. */
+    const struct k3_placement *placement;
+    int place_copy;
 } k3_repack_opts;
 
 typedef struct k3_repack_stats {

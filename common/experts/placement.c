@@ -384,3 +384,45 @@ k3_status k3_placement_file_path(const k3_placement *p, int d, const char *shard
                        p->drive[d], n - 1);
     return K3_OK;
 }
+
+/* ---- drive file records ---- */
+
+static uint64_t fnv64(uint64_t h, uint64_t v) {
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xff;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+int k3_placement_done_has(const char *dir, uint64_t hash, uint64_t size, const char *name) {
+    char path[K3_MAX_PATH + 16], line[K3_MAX_PATH + 64], want[K3_MAX_PATH + 64];
+    snprintf(path, sizeof path, "%s/.done", dir);
+    snprintf(want, sizeof want, "%016llx %llu %s\n", (unsigned long long)hash,
+             (unsigned long long)size, name);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) found = strcmp(line, want) == 0;
+    fclose(f);
+    return found;
+}
+
+k3_status k3_placement_done_add(const char *dir, uint64_t hash, uint64_t size, const char *name,
+                                char *err, size_t errlen) {
+    char path[K3_MAX_PATH + 16];
+    snprintf(path, sizeof path, "%s/.done", dir);
+    FILE *f = fopen(path, "a");
+    int ok = f && fprintf(f, "%016llx %llu %s\n", (unsigned long long)hash,
+                          (unsigned long long)size, name) > 0;
+    if (f) ok &= fflush(f) == 0 && fsync(fileno(f)) == 0, ok &= fclose(f) == 0;
+    return ok ? K3_OK
+              : k3_errf(K3_ERR_IO, err, errlen, "place: %s: cannot append: %s", path,
+                        strerror(errno));
+}
+
+uint64_t k3_placement_hash_init(uint64_t size) { return fnv64(1469598103934665603ull, size); }
+
+uint64_t k3_placement_hash_range(uint64_t hash, uint64_t off, uint64_t len) {
+    return fnv64(fnv64(hash, off), len);
+}

@@ -93,4 +93,17 @@ int k3_placement_count(const k3_placement *p, int layer, int d);
 k3_status k3_placement_file_path(const k3_placement *p, int d, const char *shard_name, char *buf,
                                  size_t n, char *err, size_t errlen);
 
+/* The drive files' completion records (<drive>/k3-stripe/.done, one line
+ * "HASH SIZE NAME" per complete file; `k3-coordinator place` and `repack
+ * --placement` write and honour the same ones). HASH: FNV-1a over the file
+ * size, then each byte range (offset, length) of experts the file holds,
+ * ranges merged where they touch and in offset order. */
+uint64_t k3_placement_hash_init(uint64_t size);
+uint64_t k3_placement_hash_range(uint64_t hash, uint64_t off, uint64_t len);
+/* 1 when <dir>/.done holds the record. */
+int k3_placement_done_has(const char *dir, uint64_t hash, uint64_t size, const char *name);
+/* Appends the record to <dir>/.done, fsynced. */
+k3_status k3_placement_done_add(const char *dir, uint64_t hash, uint64_t size, const char *name,
+                                char *err, size_t errlen);
+
 #endif

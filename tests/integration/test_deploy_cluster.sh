@@ -3,10 +3,16 @@
 # "Small cluster") on three "hosts": network namespaces joined by a bridge,
 # each running its own sshd on its own address, deployed by ansible-playbook
 # over ssh with a test inventory: one coordinator host, two worker hosts with
-# two loop-device drives each (four workers, two layers each on tiny).
-#  D1 the playbook deploys; serve answers and its text equals --local 0's
+# two loop-device drives each. The playbook measures the drives on each host
+# and plans with `k3-coordinator plan --hosts`: one worker per host (the
+# loop drives have no NUMA node), its layers in proportion to its drives'
+# measured speed, its experts striped over both drives (`place`).
+#  D1 the playbook deploys; serve answers and its text equals --local 0's;
+#     the plan it used: both hosts' drives measured, the layers covered once,
+#     each worker striped over its two drives by their speeds
 #  D2 a second run changes nothing (PLAY RECAP changed=0 on every host)
-#  D3 status (playbook and command): one row per worker, all ok
+#  D3 status (playbook and command): one row per worker, all ok, with the
+#     plan's layer range and the real stripe (each drive's share of experts)
 #  D4 the deployed workers' logits are bit-identical to --local 0 (the
 #     coordinator stopped, the CLI run with its key; the playbook restarts it)
 #  D5 kill -9 a worker: the supervisor restarts it, a request succeeds with
@@ -182,6 +188,7 @@ all:
     k3_worker_port: 5555
     k3_http_port: 8080
     k3_hb_ms: 250
+    k3_plan_seconds: 0.3
     k3_worker_args: --threads 1
     k3_serve_args: --threads 1 --resume-wait-ms 8000 --step-timeout-ms 8000
   children:
@@ -219,7 +226,8 @@ complete() { # out: POST /v1/completions, greedy, 8 tokens; prints the text, rc 
 }
 "$C" --model "$TINY" --local 0 --threads 1 --usage off --ngen 8 "$PROMPT" >"$T/ref.txt" 2>/dev/null
 REF=$(cat "$T/ref.txt")
-EPS=tcp://${ADDR[1]}:5555,tcp://${ADDR[1]}:5556,tcp://${ADDR[2]}:5555,tcp://${ADDR[2]}:5556
+PLAN=$T/stage/localhost/plan.json # what the playbook planned (plan.yml)
+EPS=
 CE=$T/hosts/depc/etc/k3
 CB=$T/hosts/depc/opt/k3shard/bin
 status_cmd() { on 0 "$CB/k3-coordinator" status --workers "$EPS" --curve-secret "$CE/coord.key" --worker-keys "$CE/workers" "$@"; }
@@ -232,11 +240,47 @@ d1=$(($(date +%s) - t))
 got=$(complete d1)
 health=$(curl -s -m 10 "$URL/health")
 if [ $rc -eq 0 ] && [ -n "$REF" ] && [ "$got" = "$REF" ] && echo "$health" | grep -q '"status": *"ok"'; then
-    ok "D1: ansible-playbook site.yml deployed 4 workers + serve over ssh in ${d1} s; /health ok; a completion equals --local 0's text"
+    ok "D1: ansible-playbook site.yml deployed the planned workers + serve over ssh in ${d1} s; /health ok; a completion equals --local 0's text"
 else
     bad "D1: playbook rc $rc, health '$health', text '$got' vs '$REF': $(grep -E 'fatal|FAILED|msg' "$T/site1.log" | head -3 | cut -c1-300)"
     [ -n "${DEPLOY_HOLD:-}" ] || exit 1
 fi
+# the plan: the measured drives of both hosts, every layer once, one worker
+# per host striped over its two drives by speed; then the endpoints, layer
+# ranges and names the checks below use
+plan_check=$(python3 - "$PLAN" "$T/stage/localhost/hosts.json" "$T" <<'EOF'
+import json, sys
+p, h, T = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+assert p["format"] == "k3shard-plan" and h["format"] == "k3shard-hosts", "formats"
+assert [x["name"] for x in h["hosts"]] == ["depw1", "depw2"], "hosts %s" % [x["name"] for x in h["hosts"]]
+for x in h["hosts"]:
+    assert len(x["drives"]) == 2 and all(d["rand_gbs"] > 0 for d in x["drives"]), "unmeasured drive on " + x["name"]
+    assert x["ram_gb"] > 0, "ram of " + x["name"]
+ws = p["workers"]
+assert [w["name"] for w in ws] == ["depw1-w0", "depw2-w0"], "workers %s" % [w["name"] for w in ws]
+got = [l for w in ws for l in range(w["layers"][0], w["layers"][1] + 1)]
+assert got == list(range(p["n_layers"])), "layers %s" % got
+bw = {d["path"]: d["rand_gbs"] for x in h["hosts"] for d in x["drives"]}
+for w in ws:
+    want = ["%s/hosts/%s/mnt/d%d" % (T, w["host"], k) for k in (0, 1)]
+    assert [s["path"] for s in w["stripe"]] == want, "stripe %s" % w["stripe"]
+    tot = sum(bw[q] for q in want)
+    assert all(abs(s["weight"] - bw[s["path"]] / tot) < 1e-6 for s in w["stripe"]), "weights"
+print(",".join(w["endpoint"] for w in ws))
+print(" ".join("%s:%s:%s" % (w["name"], w["layers_arg"], w["endpoint"]) for w in ws))
+print("%.3f:%.3f" % tuple(x["drives"][0]["rand_gbs"] + x["drives"][1]["rand_gbs"] for x in h["hosts"]))
+EOF
+)
+if [ $? -eq 0 ]; then
+    EPS=$(echo "$plan_check" | sed -n 1p)
+    read -r -a WSPEC <<<"$(echo "$plan_check" | sed -n 2p)"
+    ok "D1: the playbook's plan (plan --hosts from 4 drives measured on 2 hosts, $(echo "$plan_check" | sed -n 3p) GB/s per host): ${WSPEC[*]}, each striped over its 2 drives"
+else
+    bad "D1: the plan: $plan_check"
+    EPS=tcp://${ADDR[1]}:5555,tcp://${ADDR[2]}:5555
+    WSPEC=(depw1-w0:0-4:x depw2-w0:4-8:x)
+fi
+NW=${#WSPEC[@]}
 if grep -q "Unit verified\|Units verified" "$T/site1.log" && ! grep -q "no systemd-analyze" "$T/site1.log"; then
     ok "D1: k3-worker@.service and k3-coordinator.service pass systemd-analyze verify"
 else
@@ -244,8 +288,8 @@ else
 fi
 nkeys=$(find "$T/hosts" -name '*.key' | wc -l)
 keyhosts=$(for i in 0 1 2; do ls "$T/hosts/${HOSTS[$i]}/etc/k3/"*.key 2>/dev/null | wc -l; done | tr '\n' ' ')
-if [ "$nkeys" -eq 5 ] && [ "$keyhosts" = "1 2 2 " ] && [ "$(stat -c %a "$CE/coord.key")" = 600 ]; then
-    ok "D1: 5 key pairs, each secret only on its own host (per host: $keyhosts), mode 0600"
+if [ "$nkeys" -eq $((NW + 1)) ] && [ "$keyhosts" = "1 1 1 " ] && [ "$(stat -c %a "$CE/coord.key")" = 600 ]; then
+    ok "D1: $nkeys key pairs, each secret only on its own host (per host: $keyhosts), mode 0600"
 else
     bad "D1: secret keys: $nkeys in all, per host: $keyhosts"
 fi
@@ -266,10 +310,15 @@ rc=$?
 status_cmd >"$T/status.txt" 2>&1
 src=$?
 rows=$(grep -c "  ok$" "$T/status.txt")
-if [ $rc -eq 0 ] && [ $src -eq 0 ] && [ "$rows" -eq 4 ] && grep -q "depw1-d0 .*0-2 " "$T/status.txt"; then
-    ok "D3: status: 4 rows ok (host, layers, stripe, build, GB/s, uptime, sessions, hit rate): $(sed -n 2p "$T/status.txt" | tr -s ' ' | cut -c1-150)"
+srows=0
+for ws in "${WSPEC[@]}"; do # name:layers:endpoint: the plan's range, the real stripe (both drives' shares)
+    IFS=: read -r wn wl _ <<<"$ws"
+    grep -Eq " $wn +$wl +[^ ]*/mnt/d0:[0-9]+%,[^ ]*/mnt/d1:[0-9]+% " "$T/status.txt" && srows=$((srows + 1))
+done
+if [ $rc -eq 0 ] && [ $src -eq 0 ] && [ "$rows" -eq "$NW" ] && [ "$srows" -eq "$NW" ]; then
+    ok "D3: status: $NW rows ok with the plan's layers and the placement's stripe (host, layers, stripe, build, GB/s, uptime, sessions, hit rate): $(sed -n 2p "$T/status.txt" | tr -s ' ' | cut -c1-200)"
 else
-    bad "D3: status rc $rc/$src, $rows ok rows: $(cat "$T/status.txt" | head -5)"
+    bad "D3: status rc $rc/$src, $rows ok rows, $srows with the plan's layers and stripe: $(cat "$T/status.txt" | head -5)"
 fi
 
 # ---- D4: logits through the deployed workers, bit-identical ----
@@ -282,7 +331,7 @@ on 0 "$CB/k3-coordinator" --model "$T/hosts/depc/var/lib/k3/model" --workers "$E
     --curve-secret "$CE/coord.key" --worker-keys "$CE/workers" --hb-ms 250 --threads 1 \
     --ids "$IDS" --ngen 6 --print-ids --all-logits "$T/d4.f32" >"$T/d4.out" 2>"$T/d4.err"
 if cmp -s "$T/d4.f32" "$T/ref.f32" && cmp -s <(grep ids: "$T/d4.out") <(grep ids: "$T/ref.out"); then
-    ok "D4: logits and ids through the 4 deployed workers over CURVE are bit-identical to --local 0"
+    ok "D4: logits and ids through the $NW deployed workers (experts striped over 2 drives each) over CURVE are bit-identical to --local 0"
 else
     bad "D4: logits differ: $(tail -2 "$T/d4.err")"
 fi
@@ -296,7 +345,7 @@ else
 fi
 
 # ---- D5: kill -9 a worker; the supervisor restarts it ----
-sup=$(cat "$T/hosts/depw1/run/k3/k3-worker@d1.pid")
+sup=$(cat "$T/hosts/depw1/run/k3/k3-worker@w0.pid")
 wpid=$(pgrep -P "$sup" | head -1)
 kill -9 "$wpid"
 t=$(date +%s.%N)
@@ -304,7 +353,7 @@ got=$(complete d5)
 dt=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t}")
 npid=$(pgrep -P "$sup" | head -1)
 if [ -n "$wpid" ] && [ -n "$npid" ] && [ "$npid" != "$wpid" ] && [ "$got" = "$REF" ]; then
-    ok "D5: kill -9 of depw1-d1 (pid $wpid): restarted by its supervisor (pid $npid); the request took ${dt} s and equals the reference"
+    ok "D5: kill -9 of depw1-w0 (pid $wpid): restarted by its supervisor (pid $npid); the request took ${dt} s and equals the reference"
 else
     bad "D5: worker $wpid -> '$npid', text '$got' ($(cut -c1-200 "$T/d5.json"))"
 fi
@@ -322,8 +371,9 @@ ip netns exec "$(ns 2)" iptables -D INPUT -j DROP
 ip netns exec "$(ns 2)" iptables -D OUTPUT -j DROP
 for _ in $(seq 60); do status_cmd >/dev/null 2>&1 && break; sleep 0.25; done
 got=$(complete d6b)
-if [ -n "$err6" ] && [ "$(grep -c "^${ADDR[2]}:555[56] .*down: no answer" "$T/status6.txt")" -eq 2 ] && [ "$got" = "$REF" ]; then
-    ok "D6: DROP on depw2's link: the request failed in ${dt} s with '$(echo "$err6" | cut -c1-110)'; status said both its workers are down; after the restore the text equals the reference"
+n2=$(printf '%s\n' "${WSPEC[@]}" | grep -c "^depw2-")
+if [ -n "$err6" ] && [ "$(grep -c "^${ADDR[2]}:55[0-9][0-9] .*down: no answer" "$T/status6.txt")" -eq "$n2" ] && [ "$got" = "$REF" ]; then
+    ok "D6: DROP on depw2's link: the request failed in ${dt} s with '$(echo "$err6" | cut -c1-110)'; status said its $n2 worker(s) down; after the restore the text equals the reference"
 else
     bad "D6: during: '$err6' ($(cut -c1-200 "$T/d6a.json")); status: $(grep "^${ADDR[2]}:" "$T/status6.txt" | head -1 | cut -c1-160); after: '$got'"
 fi
@@ -352,11 +402,12 @@ fi
 
 # ---- D8: another build identity, an unknown coordinator key ----
 W2E=$T/hosts/depw2/etc/k3
+IFS=: read -r _ w2l _ <<<"${WSPEC[$((NW - 1))]}" # depw2's worker: its layers are on its d0
 on_bg 2 "K3_WORKER_FAULT=build=k3shard-other-build" "$T/hosts/depw2/opt/k3shard/bin/k3-worker" \
-    --model "$T/hosts/depw2/var/lib/k3/model" --dirs "$T/hosts/depw2/mnt/d0/k3" --layers 4-6 \
-    --listen "tcp://${ADDR[2]}:5599" --curve-secret "$W2E/depw2-d0.key" --allow "$W2E/coordinators" \
+    --model "$T/hosts/depw2/var/lib/k3/model" --dirs "$T/hosts/depw2/mnt/d0/k3" --layers "$w2l" \
+    --listen "tcp://${ADDR[2]}:5599" --curve-secret "$W2E/depw2-w0.key" --allow "$W2E/coordinators" \
     --name odd --threads 1 --no-bench </dev/null >"$T/odd.log" 2>&1
-printf 'tcp://%s:5599 %s\n' "${ADDR[2]}" "$(sed -n 's/^public = //p' "$W2E/depw2-d0.pub")" >"$CE/odd.keys"
+printf 'tcp://%s:5599 %s\n' "${ADDR[2]}" "$(sed -n 's/^public = //p' "$W2E/depw2-w0.pub")" >"$CE/odd.keys"
 for _ in $(seq 40); do grep -q serving "$T/odd.log" && break; sleep 0.1; done
 on 0 "$CB/k3-coordinator" status --workers "tcp://${ADDR[2]}:5599" --curve-secret "$CE/coord.key" \
     --worker-keys "$CE/odd.keys" >"$T/odd.status" 2>&1
@@ -376,7 +427,7 @@ status_cmd >/dev/null 2>&1 # warm
 on 0 "$CB/k3-coordinator" status --workers "$EPS" --curve-secret "$CE/intruder.key" \
     --worker-keys "$CE/workers" >"$T/intruder.status" 2>&1
 rc=$?
-if [ $rc -eq 1 ] && [ "$(grep -c "refused: cannot authenticate: the worker refused" "$T/intruder.status")" -eq 4 ]; then
+if [ $rc -eq 1 ] && [ "$(grep -c "refused: cannot authenticate: the worker refused" "$T/intruder.status")" -eq "$NW" ]; then
     ok "D8: an unknown coordinator key: every worker refuses it, status says '$(grep -o 'refused: cannot.*' "$T/intruder.status" | head -1 | cut -c1-100)'"
 else
     bad "D8: unknown key: rc $rc: $(sed -n 2p "$T/intruder.status")"

@@ -12,7 +12,9 @@
 #  - a container with a wrong-shape tensor or a missing .qs is refused at
 #    load naming the tensor;
 #  - repack --placement PLAN.json --copy stripes the new container over the
-#    plan's 2 drives by their shares (sparse copies) and a run with that
+#    plan's 2 drives by their shares (sparse copies) in the conversion
+#    stream (no second read: the closing layout copies nothing, and each
+#    drive file equals a second-pass place --copy's), and a run with that
 #    placement gives the plain container's logits; another model's plan is
 #    refused before the conversion.
 set -u
@@ -191,6 +193,26 @@ if "$C" repack "$TINY" "$T/pc8" --bits 8 --placement "$T/plan.json" --copy 2>"$T
     ok "repack --placement: container and stripes written (drive 0: $e0, drive 1: $e1)"
     [ "${e0% *}" -gt $((2 * ${e1% *})) ] && ok "the 0.75 share holds 3x the experts of the 0.25 one" ||
         bad "shares 0.75/0.25 gave $e0 / $e1"
+    # written in the stream: the closing layout found every drive file complete
+    # (nothing copied), and each equals what a second pass (place --copy over
+    # the plain int8 container $T/c8) writes
+    kept=$(grep -o '0.00 GB (0 B) copied, [0-9.]* GB ([0-9]* B) hard-linked, [0-9.]* GB ([0-9]* B) kept' "$T/pl.err")
+    "$C" place --model "$T/c8" --drives "$T/qd0,$T/qd1" --weights 0.75,0.25 --copy --usage off \
+        --out "$T/q.json" 2>"$T/q.err"
+    nf=0 nd=0
+    for d in 0 1; do
+        for f in "$T/qd$d"/k3-stripe/*.safetensors; do
+            nf=$((nf + 1))
+            cmp -s "$f" "$T/pd$d/k3-stripe/$(basename "$f")" || nd=$((nd + 1))
+        done
+    done
+    if [ -n "$kept" ] && [ "$(grep -c 'B) copied' "$T/pl.err")" = 1 ] && [ $nf -gt 2 ] && [ $nd = 0 ] &&
+        [ "$(ls "$T"/pd[01]/k3-stripe/*.safetensors | wc -l)" = $nf ] &&
+        ! ls "$T"/pd[01]/k3-stripe/*.tmp >/dev/null 2>&1; then
+        ok "repack --placement wrote the stripes in the stream: the closing layout copied nothing ($(echo "$kept" | cut -d, -f1,3 | cut -c1-80)); $nf drive files byte-identical to a second-pass place --copy"
+    else
+        bad "stream-written stripes: '$kept', $nd of $nf drive files differ from place --copy: $(grep 'copied' "$T/pl.err" | tail -1)"
+    fi
     logits "$T/pl8" "$T/pc8" --placement "$T/pd0/k3-stripe/placement.json" ||
         bad "run with the placement: $(tail -1 "$T/pl8.err")"
     if same "$T/pl8" "$T/ct8" && [ -s "$T/pl8" ]; then
