@@ -238,7 +238,7 @@ typedef struct k3_stage_info {
     uint64_t gather_layers;            /* MoE layer steps that called a peer */
     /* its Vulkan expert tier, from FORWARD_DONE (docs/VULKAN.md "Stats") */
     uint64_t vk_calls, vk_pairs;                /* expert calls / pairs on the device */
-    uint64_t vk_promotions;                     /* uploads that completed during steps */
+    uint64_t vk_promotions;                     /* uploads that finished by the last step */
     uint64_t vk_steps;                          /* steps with device expert calls */
     uint32_t vk_resident;                       /* experts on the device after the last step */
     double vk_device_ms, vk_cpu_ms, vk_wait_ms; /* MoE steps' device / CPU / wait time */

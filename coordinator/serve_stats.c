@@ -155,7 +155,7 @@ static void serve_metrics_vk_stages(k3_strbuf *b, k3_cluster *c) {
         {"k3_vk_pairs_total", "counter", "(position, rank) pairs computed there"},
         {"k3_vk_steps_total", "counter", "steps of the stage with device expert calls"},
         {"k3_vk_resident_experts", "gauge", "experts on the device after the stage's last step"},
-        {"k3_vk_promotions_total", "counter", "uploads that completed during the stage's steps"},
+        {"k3_vk_promotions_total", "counter", "experts the stage's worker uploaded during the run"},
         {"k3_vk_device_seconds_total", "counter", "device time of the stage's MoE steps"},
         {"k3_vk_cpu_seconds_total", "counter", "CPU expert time of the same steps"},
         {"k3_vk_wait_seconds_total", "counter",

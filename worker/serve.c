@@ -67,9 +67,10 @@ typedef struct wk {
     float *h;      /* [cap_T][D] */
     int cap_T;
 
-    proto_stats_ok stats;   /* cumulative (STATS_OK) */
-    wk_ratelimit_state bad; /* malformed-message log lines */
-    uint64_t n_started;     /* FORWARDs started (fault hook) */
+    proto_stats_ok stats;     /* cumulative (STATS_OK) */
+    k3_vk_tier_stats vk_sent; /* the Vulkan tier's counters at the last stats reply */
+    wk_ratelimit_state bad;   /* malformed-message log lines */
+    uint64_t n_started;       /* FORWARDs started (fault hook) */
 } wk;
 
 /* ---- sending ---- */
@@ -297,9 +298,11 @@ static void on_stats(wk *w, wk_req *r) {
     wk_send(w, &r->fr.from, &m, NULL, NULL, 0);
 }
 
-/* The Vulkan tier's counters (zero without a tier), and their change over
- * one step for FORWARD_DONE's stats group (docs/PROTOCOL.md "Changes in
- * 1.2"); expert calls served for stripe peers meanwhile count too. */
+/* The Vulkan tier's counters (zero without a tier), and their change since
+ * the previous FORWARD_DONE with stats for this one's stats group
+ * (docs/PROTOCOL.md "Changes in 1.2"): the step's device work, plus uploads
+ * that finished and expert calls served for stripe peers in between, so
+ * the coordinator's sums are the tier's totals. */
 static void wk_vk_snapshot(wk *w, k3_vk_tier_stats *v) {
     memset(v, 0, sizeof *v);
     struct k3_vk_tier *vt = k3_model_vk(w->m);
@@ -529,8 +532,11 @@ static void do_forward(wk *w, wk_req *r) {
     memset(&ss, 0, sizeof ss);
     wk_drive_snap snap0, snap1; /* per-drive bytes and expert-call waits of this step */
     wk_drive_snapshot(w->m, w->o->xs, &snap0);
-    k3_vk_tier_stats vk0, vk1; /* the Vulkan tier's share of this step */
-    wk_vk_snapshot(w, &vk0);
+    /* The Vulkan tier's counters (zero without a tier), and their change since
+     * the previous FORWARD_DONE with stats for this one's stats group
+     * (docs/PROTOCOL.md "Changes in 1.2"): the step's device work, plus uploads
+     * that finished and expert calls served for stripe peers in between, so
+     * the coordinator's sums are the tier's totals. */
     st = k3_stage_forward(w->m, state, (int)f->pos0, (int)f->n_tokens, w->blocks, &nb, w->h, &ss,
                           wk_layer_hook, w, err, sizeof err);
     k3_stage_set_cancel(state, NULL);
@@ -575,8 +581,10 @@ static void do_forward(wk *w, wk_req *r) {
         o->expert_misses = ss.expert_misses;
         wk_drive_snapshot(w->m, w->o->xs, &snap1);
         wk_drive_delta(&snap0, &snap1, o);
-        wk_vk_snapshot(w, &vk1);
-        wk_vk_delta(&vk0, &vk1, o);
+        k3_vk_tier_stats vk; /* the Vulkan tier's share of this step */
+        wk_vk_snapshot(w, &vk);
+        wk_vk_delta(&w->vk_sent, &vk, o);
+        w->vk_sent = vk;
     }
     const void *frames[2] = {w->blocks + (size_t)f->n_blocks * TD, w->h};
     size_t sizes[2] = {sizeof(float) * o->n_snapshots * TD, sizeof(float) * TD};
