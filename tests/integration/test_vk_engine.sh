@@ -13,6 +13,9 @@
 #    naming the cause, the CPU computes, the same bytes;
 #  - --vk without --exact says that tokens may then differ; the device's own
 #    fma() (K3_VK_FMA=native, as on a device without shaderFloat64) says so.
+#  - stats: --local 2 --stats sums FORWARD_DONE's per-step vk_* figures per
+#    stage, equal to each worker's STATS_OK totals; a cluster coordinator's
+#    serve /metrics has the tier's families per stage.
 set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C" "$W"
