@@ -436,6 +436,7 @@ static void on_forward_done(k3_cluster *c, cl_stage *s, cl_req *r, const proto_m
         s->hits += d->expert_hits;
         s->misses += d->expert_misses;
         cl_stage_add_drives(s, d);
+        cl_stage_add_vk(s, d);
         /* transport cost of one hop; a step that queued behind others on
          * the worker would count its wait, so only idle sends are measured */
         double hop = rtt - d->compute_ms - d->read_ms;

@@ -238,6 +238,12 @@ typedef struct k3_stage_info {
     uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes each drive gave it (calls it served included) */
     double gather_ms;                  /* its MoE layers' waits on stripe peers */
     uint64_t gather_layers;            /* MoE layer steps that called a peer */
+    /* its Vulkan expert tier, from FORWARD_DONE (docs/VULKAN.md "Stats") */
+    uint64_t vk_calls, vk_pairs;                /* expert calls / pairs on the device */
+    uint64_t vk_promotions;                     /* uploads that finished by the last step */
+    uint64_t vk_steps;                          /* steps with device expert calls */
+    uint32_t vk_resident;                       /* experts on the device after the last step */
+    double vk_device_ms, vk_cpu_ms, vk_wait_ms; /* MoE steps' device / CPU / wait time */
 } k3_stage_info;
 
 int k3_cluster_stages(const k3_cluster *c);

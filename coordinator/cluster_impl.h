@@ -63,7 +63,11 @@ typedef struct cl_stage {
     uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes per placement drive, summed */
     double gather_ms;                  /* waits on stripe peers' expert calls */
     uint64_t gather_layers;            /* MoE layer steps that called a peer */
-    uint64_t tx_bytes, rx_bytes;       /* tensor frame bytes of FORWARD / FORWARD_DONE */
+    /* the worker's Vulkan tier (FORWARD_DONE's 1.2 vk_* keys), summed */
+    uint64_t vk_calls, vk_pairs, vk_promotions, vk_steps; /* vk_steps: with device calls */
+    uint32_t vk_resident;                                 /* the last step's */
+    double vk_device_ms, vk_cpu_ms, vk_wait_ms;
+    uint64_t tx_bytes, rx_bytes; /* tensor frame bytes of FORWARD / FORWARD_DONE */
     double busy_ms, read_ms, occupied_ms, occ_since_ms;
     double hop_ms;  /* sum of (round trip - worker time) over idle sends */
     uint64_t hop_n; /* steps in hop_ms */
@@ -170,6 +174,7 @@ void cl_wake(k3_cluster *c);
 /* Adds a FORWARD_DONE's striping figures (1.2 stats keys) to the stage's
  * totals (cluster_stats.c); under the cluster mutex. */
 void cl_stage_add_drives(cl_stage *s, const proto_forward_done *d);
+void cl_stage_add_vk(cl_stage *s, const proto_forward_done *d);
 
 /* cluster_wait.c: one line per stage not registered yet, naming its
  * endpoint and layers, how long it has been silent and how long is left

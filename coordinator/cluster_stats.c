@@ -23,6 +23,17 @@ void cl_stage_add_drives(cl_stage *s, const proto_forward_done *d) {
     s->gather_layers += d->gather_layers;
 }
 
+void cl_stage_add_vk(cl_stage *s, const proto_forward_done *d) {
+    s->vk_calls += d->vk_calls;
+    s->vk_pairs += d->vk_pairs;
+    s->vk_promotions += d->vk_promotions;
+    s->vk_steps += d->vk_calls > 0;
+    s->vk_resident = d->vk_resident;
+    s->vk_device_ms += d->vk_device_ms;
+    s->vk_cpu_ms += d->vk_cpu_ms;
+    s->vk_wait_ms += d->vk_wait_ms;
+}
+
 void k3_cluster_stage_info(k3_cluster *c, int i, k3_stage_info *o) {
     memset(o, 0, sizeof *o);
     if (i < 0 || i >= c->n) return;
@@ -53,6 +64,14 @@ void k3_cluster_stage_info(k3_cluster *c, int i, k3_stage_info *o) {
     memcpy(o->drive_bytes, s->drive_bytes, sizeof o->drive_bytes);
     o->gather_ms = s->gather_ms;
     o->gather_layers = s->gather_layers;
+    o->vk_calls = s->vk_calls;
+    o->vk_pairs = s->vk_pairs;
+    o->vk_promotions = s->vk_promotions;
+    o->vk_steps = s->vk_steps;
+    o->vk_resident = s->vk_resident;
+    o->vk_device_ms = s->vk_device_ms;
+    o->vk_cpu_ms = s->vk_cpu_ms;
+    o->vk_wait_ms = s->vk_wait_ms;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -144,6 +163,19 @@ void k3_cluster_print_stats(k3_cluster *c, FILE *f) {
                     (unsigned)w.vk_resident, (unsigned long long)w.vk_promotions,
                     (unsigned long long)w.vk_evictions, w.vk_off ? " (device failed: off)" : "",
                     w.vk_device_ms, w.vk_cpu_ms, w.vk_wait_ms);
+        /* the same tier step by step, from FORWARD_DONE (no round trip) */
+        if (s.vk_calls || s.vk_resident)
+            fprintf(f,
+                    "    vulkan steps: %llu device expert calls (%llu pairs) in %llu of %llu "
+                    "steps, %u resident, %llu promotions; device %.1f ms, CPU %.1f ms, waited "
+                    "%.1f ms (per step %.3f / %.3f / %.3f ms)\n",
+                    (unsigned long long)s.vk_calls, (unsigned long long)s.vk_pairs,
+                    (unsigned long long)s.vk_steps, (unsigned long long)s.forwards,
+                    (unsigned)s.vk_resident, (unsigned long long)s.vk_promotions, s.vk_device_ms,
+                    s.vk_cpu_ms, s.vk_wait_ms,
+                    s.forwards ? s.vk_device_ms / (double)s.forwards : 0.0,
+                    s.forwards ? s.vk_cpu_ms / (double)s.forwards : 0.0,
+                    s.forwards ? s.vk_wait_ms / (double)s.forwards : 0.0);
         if (s.hits + s.misses)
             fprintf(f, "    experts: hit rate %.1f %%\n",
                     100.0 * (double)s.hits / (double)(s.hits + s.misses));

@@ -144,6 +144,48 @@ static void serve_metrics_striping(k3_strbuf *b, k3_cluster *c) {
     free(g.p), free(h.p), free(r.p);
 }
 
+/* The workers' Vulkan tiers per stage (docs/VULKAN.md "Stats"), from the
+ * coordinator's sums of FORWARD_DONE's vk_* keys: the in-process tier's
+ * families with a stage label. Absent while no stage reported a tier. */
+static void serve_metrics_vk_stages(k3_strbuf *b, k3_cluster *c) {
+    static const struct {
+        const char *name, *type, *help;
+    } fam[] = {
+        {"k3_vk_expert_calls_total", "counter", "expert calls on a stage's Vulkan device"},
+        {"k3_vk_pairs_total", "counter", "(position, rank) pairs computed there"},
+        {"k3_vk_steps_total", "counter", "steps of the stage with device expert calls"},
+        {"k3_vk_resident_experts", "gauge", "experts on the device after the stage's last step"},
+        {"k3_vk_promotions_total", "counter", "experts the stage's worker uploaded during the run"},
+        {"k3_vk_device_seconds_total", "counter", "device time of the stage's MoE steps"},
+        {"k3_vk_cpu_seconds_total", "counter", "CPU expert time of the same steps"},
+        {"k3_vk_wait_seconds_total", "counter",
+         "time the steps waited for the device after their CPU part"},
+    };
+    int n = k3_cluster_stages(c), any = 0;
+    k3_stage_info *st = calloc((size_t)(n > 0 ? n : 1), sizeof *st);
+    if (!st) return;
+    for (int i = 0; i < n; i++) {
+        k3_cluster_stage_info(c, i, &st[i]);
+        any |= st[i].vk_calls || st[i].vk_resident;
+    }
+    char line[512];
+    for (size_t f = 0; any && f < sizeof fam / sizeof fam[0]; f++) {
+        snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", fam[f].name, fam[f].help,
+                 fam[f].name, fam[f].type);
+        k3_strbuf_str(b, line);
+        for (int i = 0; i < n; i++) {
+            const k3_stage_info *s = &st[i];
+            double v[] = {(double)s->vk_calls,    (double)s->vk_pairs,      (double)s->vk_steps,
+                          (double)s->vk_resident, (double)s->vk_promotions, s->vk_device_ms / 1e3,
+                          s->vk_cpu_ms / 1e3,     s->vk_wait_ms / 1e3};
+            snprintf(line, sizeof line, "%s{stage=\"%d\",layers=\"%d-%d\"} %.17g\n", fam[f].name, i,
+                     s->layer_a, s->layer_b - 1, v[f]);
+            k3_strbuf_str(b, line);
+        }
+    }
+    free(st);
+}
+
 char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int max_running,
                          int waiting, int max_queue) {
     k3_strbuf b = {0};
@@ -251,5 +293,6 @@ char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int 
                (double)v.off);
     }
     if (c) serve_metrics_striping(&b, c);
+    if (c) serve_metrics_vk_stages(&b, c);
     return b.p; /* NUL-terminated by k3_strbuf */
 }

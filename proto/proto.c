@@ -162,6 +162,15 @@ static const field_desc f_forward_done[] = {
      OFF(forward_done.n_drives), 0, K3_MAX_DIRS, "K3_MAX_DIRS"},
     {"gather_ms", FK_F64, FD_STATS | FD_OPT, OFF(forward_done.gather_ms), 0, 0, 0, NULL},
     {"xlayers", FK_U64, FD_STATS | FD_OPT, OFF(forward_done.gather_layers), 0, 0, ANY, NULL},
+    /* 1.2: optional in the group (PROTOCOL.md "Changes in 1.2"): the Vulkan tier */
+    {"vk_calls", FK_U64, FD_STATS | FD_OPT, OFF(forward_done.vk_calls), 0, 0, ANY, NULL},
+    {"vk_pairs", FK_U64, FD_STATS | FD_OPT, OFF(forward_done.vk_pairs), 0, 0, ANY, NULL},
+    {"vk_promotions", FK_U64, FD_STATS | FD_OPT, OFF(forward_done.vk_promotions), 0, 0, ANY, NULL},
+    {"vk_resident", FK_U32, FD_STATS | FD_OPT, OFF(forward_done.vk_resident), 0, 0,
+     (uint64_t)K3_MAX_LAYERS *K3_MAX_EXPERTS, "K3_MAX_LAYERS * K3_MAX_EXPERTS"},
+    {"vk_device_ms", FK_F64, FD_STATS | FD_OPT, OFF(forward_done.vk_device_ms), 0, 0, 0, NULL},
+    {"vk_cpu_ms", FK_F64, FD_STATS | FD_OPT, OFF(forward_done.vk_cpu_ms), 0, 0, 0, NULL},
+    {"vk_wait_ms", FK_F64, FD_STATS | FD_OPT, OFF(forward_done.vk_wait_ms), 0, 0, 0, NULL},
 };
 static const field_desc f_session[] = {
     F_U64("sess", session.session, 1, ANY, NULL),

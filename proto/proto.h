@@ -123,6 +123,12 @@ typedef struct proto_forward_done {         /* W -> C; frames snapshots [k][T][D
                                           during the step (calls it served included) */
     double gather_ms;                  /* waiting on stripe peers' expert calls */
     uint64_t gather_layers;            /* "xlayers": MoE layer steps that called a peer */
+    /* 1.2, optional members of the stats group (absent = 0): the worker's
+     * Vulkan expert tier during this step (docs/VULKAN.md "Stats") */
+    uint64_t vk_calls, vk_pairs;                /* expert calls / pairs computed on the device */
+    uint64_t vk_promotions;                     /* experts uploaded during the step */
+    uint32_t vk_resident;                       /* experts on the device at the step's end */
+    double vk_device_ms, vk_cpu_ms, vk_wait_ms; /* the step's MoE device / CPU / wait time */
 } proto_forward_done;
 
 typedef struct proto_session_op { /* SESSION_RESET, SESSION_TRUNCATE, SESSION_DROP */

@@ -265,6 +265,13 @@ static int make_samples(proto_msg *s) {
     m->u.forward_done.drive_bytes[2] = 3 << 20;
     m->u.forward_done.gather_ms = 0.75;
     m->u.forward_done.gather_layers = 2;
+    m->u.forward_done.vk_calls = 11; /* 1.2 Vulkan tier keys */
+    m->u.forward_done.vk_pairs = 29;
+    m->u.forward_done.vk_promotions = 1;
+    m->u.forward_done.vk_resident = 6;
+    m->u.forward_done.vk_device_ms = 1.5;
+    m->u.forward_done.vk_cpu_ms = 2.25;
+    m->u.forward_done.vk_wait_ms = 0.125;
     m->u.forward_done.n_evicted = 2;
     m->u.forward_done.evicted[0] = 9;
     m->u.forward_done.evicted[1] = UINT64_MAX;

@@ -89,6 +89,13 @@ static const key_spec keys[] = {
     {PROTO_MSG_FORWARD_DONE, "drive_bytes", K_LIST0, 0}, /* 1.2, optional in the group */
     {PROTO_MSG_FORWARD_DONE, "gather_ms", K_F64, 0},
     {PROTO_MSG_FORWARD_DONE, "xlayers", K_U64, 0},
+    {PROTO_MSG_FORWARD_DONE, "vk_calls", K_U64, 0}, /* 1.2, optional: the Vulkan tier */
+    {PROTO_MSG_FORWARD_DONE, "vk_pairs", K_U64, 0},
+    {PROTO_MSG_FORWARD_DONE, "vk_promotions", K_U64, 0},
+    {PROTO_MSG_FORWARD_DONE, "vk_resident", K_U32, 0},
+    {PROTO_MSG_FORWARD_DONE, "vk_device_ms", K_F64, 0},
+    {PROTO_MSG_FORWARD_DONE, "vk_cpu_ms", K_F64, 0},
+    {PROTO_MSG_FORWARD_DONE, "vk_wait_ms", K_F64, 0},
     {PROTO_MSG_SESSION_RESET, "sess", K_U64, 0},
     {PROTO_MSG_SESSION_TRUNCATE, "sess", K_U64, 0},
     {PROTO_MSG_SESSION_TRUNCATE, "n", K_U32, 0},
@@ -734,6 +741,48 @@ static void test_keys_versions_types(proto_msg *s) {
     rebuild(&p, find_key(&p, "hits"), -1, NULL, NULL, 0, &w);
     st = proto_decode(w.b, w.n, &d, err, sizeof err);
     CHECK(st == K3_ERR_PROTO && strstr(err, "all present or all absent"), "partial stats: %s", err);
+
+    /* 1.2 Vulkan tier keys of the stats group: values kept, ranges checked */
+    proto_msg dv;
+    uint8_t bv[PROTO_ENCODE_CAP];
+    size_t lv;
+    st = proto_encode(&s[4], bv, sizeof bv, &lv, err, sizeof err);
+    if (st == K3_OK) st = proto_decode(bv, lv, &dv, err, sizeof err);
+    const proto_forward_done *vkd = &dv.u.forward_done;
+    CHECK(st == K3_OK && vkd->vk_calls == 11 && vkd->vk_pairs == 29 && vkd->vk_promotions == 1 &&
+              vkd->vk_resident == 6 && vkd->vk_device_ms == 1.5 && vkd->vk_cpu_ms == 2.25 &&
+              vkd->vk_wait_ms == 0.125 && vkd->gather_layers == 2,
+          "FORWARD_DONE's vk_* keys round-trip next to the striping keys");
+    mp vbad = {.n = 0};
+    mp_u(&vbad, (uint64_t)K3_MAX_LAYERS * K3_MAX_EXPERTS + 1);
+    rebuild(&p, -1, find_key(&p, "vk_resident"), &vbad, NULL, 0, &w);
+    st = proto_decode(w.b, w.n, &d, err, sizeof err);
+    CHECK(st == K3_ERR_LIMIT && strstr(err, "'vk_resident'") &&
+              strstr(err, "K3_MAX_LAYERS * K3_MAX_EXPERTS"),
+          "vk_resident above K3_MAX_LAYERS * K3_MAX_EXPERTS rejected: %s", err);
+    vbad.n = 0;
+    mp_f64(&vbad, -1.0);
+    rebuild(&p, -1, find_key(&p, "vk_wait_ms"), &vbad, NULL, 0, &w);
+    st = proto_decode(w.b, w.n, &d, err, sizeof err);
+    CHECK(st == K3_ERR_PROTO && strstr(err, "'vk_wait_ms'") && strstr(err, "finite value >= 0"),
+          "negative vk_wait_ms rejected: %s", err);
+    vbad.n = 0;
+    mp_f64(&vbad, NAN);
+    rebuild(&p, -1, find_key(&p, "vk_device_ms"), &vbad, NULL, 0, &w);
+    st = proto_decode(w.b, w.n, &d, err, sizeof err);
+    CHECK(st == K3_ERR_PROTO && strstr(err, "'vk_device_ms'"), "NaN vk_device_ms rejected: %s",
+          err);
+    vbad.n = 0;
+    mp_f32(&vbad, 1.0f);
+    rebuild(&p, -1, find_key(&p, "vk_cpu_ms"), &vbad, NULL, 0, &w);
+    st = proto_decode(w.b, w.n, &d, err, sizeof err);
+    CHECK(st == K3_ERR_PROTO && strstr(err, "'vk_cpu_ms'"), "float32 vk_cpu_ms rejected: %s", err);
+    rebuild(&p, find_key(&p, "vk_calls"), -1, NULL, NULL, 0, &w);
+    st = proto_decode(w.b, w.n, &d, err, sizeof err);
+    CHECK(st == K3_OK && d.u.forward_done.has_stats && d.u.forward_done.vk_calls == 0 &&
+              d.u.forward_done.vk_pairs == 29,
+          "a FORWARD_DONE without vk_calls (optional in the group) decodes it as 0: %s",
+          st ? err : "ok");
 }
 
 static void test_validate(proto_msg *s) {
@@ -758,6 +807,12 @@ static void test_validate(proto_msg *s) {
         "pos0 + T > K3_MAX_CTX");
     BAD((m = s[2], m.u.forward.flags = 6), K3_ERR_PROTO, "unknown bits 0x6", "unknown flag bits");
     BAD((m = s[2], m.u.forward.session = 0), K3_ERR_PROTO, "'sess'", "session 0");
+    BAD((m = s[4], m.u.forward_done.vk_resident = K3_MAX_LAYERS * K3_MAX_EXPERTS + 1), K3_ERR_LIMIT,
+        "K3_MAX_LAYERS * K3_MAX_EXPERTS", "vk_resident over the limit");
+    BAD((m = s[4], m.u.forward_done.vk_device_ms = -0.5), K3_ERR_PROTO, "'vk_device_ms'",
+        "negative vk_device_ms");
+    BAD((m = s[4], m.u.forward_done.vk_cpu_ms = INFINITY), K3_ERR_PROTO, "'vk_cpu_ms'",
+        "infinite vk_cpu_ms");
     BAD((m = s[2], m.id = 0), K3_ERR_PROTO, "'id'", "request id 0");
     BAD((m = s[2], m.u.forward.n_blocks = 16, m.u.forward.n_tokens = 512,
          m.u.forward.hidden = 65536),

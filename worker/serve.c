@@ -67,9 +67,10 @@ typedef struct wk {
     float *h;      /* [cap_T][D] */
     int cap_T;
 
-    proto_stats_ok stats;   /* cumulative (STATS_OK) */
-    wk_ratelimit_state bad; /* malformed-message log lines */
-    uint64_t n_started;     /* FORWARDs started (fault hook) */
+    proto_stats_ok stats;     /* cumulative (STATS_OK) */
+    k3_vk_tier_stats vk_sent; /* the Vulkan tier's counters at the last stats reply */
+    wk_ratelimit_state bad;   /* malformed-message log lines */
+    uint64_t n_started;       /* FORWARDs started (fault hook) */
 } wk;
 
 /* ---- sending ---- */
@@ -300,6 +301,30 @@ static void on_stats(wk *w, wk_req *r) {
     wk_send(w, &r->fr.from, &m, NULL, NULL, 0);
 }
 
+/* The Vulkan tier's counters (zero without a tier), and their change since
+ * the previous FORWARD_DONE with stats for this one's stats group
+ * (docs/PROTOCOL.md "Changes in 1.2"): the step's device work, plus uploads
+ * that finished and expert calls served for stripe peers in between, so
+ * the coordinator's sums are the tier's totals. */
+static void wk_vk_snapshot(wk *w, k3_vk_tier_stats *v) {
+    memset(v, 0, sizeof *v);
+    struct k3_vk_tier *vt = k3_model_vk(w->m);
+    if (vt) k3_vk_tier_stats_get(vt, v);
+}
+
+static double wk_ms_delta(double a, double b) { return b - a > 0 ? b - a : 0; }
+
+static void wk_vk_delta(const k3_vk_tier_stats *a, const k3_vk_tier_stats *b,
+                        proto_forward_done *o) {
+    o->vk_calls = b->calls - a->calls;
+    o->vk_pairs = b->pairs - a->pairs;
+    o->vk_promotions = b->promotions - a->promotions;
+    o->vk_resident = (uint32_t)b->resident;
+    o->vk_device_ms = wk_ms_delta(a->device_ms, b->device_ms);
+    o->vk_cpu_ms = wk_ms_delta(a->cpu_ms, b->cpu_ms);
+    o->vk_wait_ms = wk_ms_delta(a->wait_ms, b->wait_ms);
+}
+
 static void on_shutdown(wk *w, wk_req *r) {
     K3_INFO("%s: SHUTDOWN received", w->o->name);
     reply_ok(w, r);
@@ -512,6 +537,11 @@ static void do_forward(wk *w, wk_req *r) {
     memset(&ss, 0, sizeof ss);
     wk_drive_snap snap0, snap1; /* per-drive bytes and expert-call waits of this step */
     wk_drive_snapshot(w->m, w->o->xs, &snap0);
+    /* The Vulkan tier's counters (zero without a tier), and their change since
+     * the previous FORWARD_DONE with stats for this one's stats group
+     * (docs/PROTOCOL.md "Changes in 1.2"): the step's device work, plus uploads
+     * that finished and expert calls served for stripe peers in between, so
+     * the coordinator's sums are the tier's totals. */
     st = k3_stage_forward(w->m, state, (int)f->pos0, (int)f->n_tokens, w->blocks, &nb, w->h, &ss,
                           wk_layer_hook, w, err, sizeof err);
     k3_stage_set_cancel(state, NULL);
@@ -556,6 +586,10 @@ static void do_forward(wk *w, wk_req *r) {
         o->expert_misses = ss.expert_misses;
         wk_drive_snapshot(w->m, w->o->xs, &snap1);
         wk_drive_delta(&snap0, &snap1, o);
+        k3_vk_tier_stats vk; /* the Vulkan tier's share of this step */
+        wk_vk_snapshot(w, &vk);
+        wk_vk_delta(&w->vk_sent, &vk, o);
+        w->vk_sent = vk;
     }
     const void *frames[2] = {w->blocks + (size_t)f->n_blocks * TD, w->h};
     size_t sizes[2] = {sizeof(float) * o->n_snapshots * TD, sizeof(float) * TD};

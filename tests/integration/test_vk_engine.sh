@@ -13,6 +13,9 @@
 #    naming the cause, the CPU computes, the same bytes;
 #  - --vk without --exact says that tokens may then differ; the device's own
 #    fma() (K3_VK_FMA=native, as on a device without shaderFloat64) says so.
+#  - stats: --local 2 --stats sums FORWARD_DONE's per-step vk_* figures per
+#    stage, equal to each worker's STATS_OK totals; a cluster coordinator's
+#    serve /metrics has the tier's families per stage.
 set -u
 . "$(dirname "$0")/../lib.sh"
 need_bins "$C" "$W"
@@ -147,6 +150,32 @@ else
     bad "--local 2 --stats: no per-worker vulkan lines: $(grep 'stage' "$T/vk_l2.err" | head -4)"
 fi
 
+# the per-step figures of FORWARD_DONE, summed per stage by the coordinator,
+# against each worker's cumulative STATS_OK (both runs: fresh workers each)
+cmpvk=$(awk '
+    /^  stage [0-9]+ vulkan: / { st = $2; c = $4; p = $8; gsub(/\(/, "", p); pr = $12
+        d = $0; sub(/.*; device /, "", d); sub(/ ms.*/, "", d); n_so++; next }
+    /^    vulkan steps: / && st != "" { c2 = $3; p2 = $7; gsub(/\(/, "", p2); pr2 = $16
+        d2 = $0; sub(/.*; device /, "", d2); sub(/ ms.*/, "", d2)
+        if (c2 == c && p2 == p && c2 > 0 && d2 - d <= 0.1 + d / 100 && d - d2 <= 0.1 + d / 100 &&
+            pr2 + 0 <= pr + 0)
+            good++
+        else
+            msg = msg sprintf("stage %s: STATS_OK %s calls %s pairs %s ms %s promotions, FORWARD_DONE %s calls %s pairs %s ms %s promotions; ", st, c, p, d, pr, c2, p2, d2, pr2)
+        st = "" }
+    END { printf "%d %d %s", good, n_so, msg }' "$T/vk_l2.err")
+read -r vgood vlines vmsg <<<"$cmpvk"
+if [ "$vgood" -ge 4 ] && [ "$vgood" -eq "$vlines" ]; then
+    ok "--local 2 --stats: per-stage vulkan figures from FORWARD_DONE = the workers' STATS_OK totals in calls, pairs, device ms, promotions <= ($vgood of $vlines stage lines; $(grep -m1 '^    vulkan steps' "$T/vk_l2.err" | cut -c5-130)...)"
+else
+    bad "--local 2 --stats: FORWARD_DONE vulkan figures vs STATS_OK: $vgood of $vlines lines agree: $vmsg $(grep 'vulkan' "$T/vk_l2.err" | head -4)"
+fi
+if grep -q '^    vulkan steps' "$T/cpu_l2.err"; then
+    bad "--local 2 without --vk prints vulkan step figures: $(grep -m1 'vulkan steps' "$T/cpu_l2.err")"
+else
+    ok "--local 2 without --vk: no vulkan step figures"
+fi
+
 # fallbacks
 VK_ICD_FILENAMES=$T/none.json run nodev --local 0 --usage "$HIST" --vk --vk-gb "$GB_ALL"
 rc=$?
@@ -231,5 +260,32 @@ if serve_start "$T/srv0.out" "$T/srv0.err" --model "$TINY" --local 0 --exact --u
     fi
 else
     bad "serve did not start: $(tail -3 "$T/srv0.err") $(tail -3 "$T/srv1.err")"
+fi
+# a cluster coordinator's /metrics: the workers' tiers per stage, summed
+# from FORWARD_DONE
+P2=$((27600 + RANDOM % 100))
+if serve_start "$T/srv2.out" "$T/srv2.err" --model "$TINY" --local 2 --exact --usage "$HIST" \
+    --port "$P2" --vk --vk-gb "$GB_FEW"; then
+    gen "$P2" 1
+    cmp -s "$T/gen.$P0.1" "$T/gen.$P2.1" && ok "serve --local 2 --vk: the CPU server's text" ||
+        bad "serve --local 2 --vk: text $(head -c 80 "$T/gen.$P2.1") vs $(head -c 80 "$T/gen.$P0.1")"
+    curl -s -m 10 "http://127.0.0.1:$P2/metrics" >"$T/srv2.metrics"
+    nfam=0
+    for f in k3_vk_expert_calls_total k3_vk_pairs_total k3_vk_steps_total k3_vk_resident_experts \
+        k3_vk_promotions_total k3_vk_device_seconds_total k3_vk_cpu_seconds_total \
+        k3_vk_wait_seconds_total; do
+        grep -q "^# TYPE $f " "$T/srv2.metrics" && grep -q "^$f{stage=\"0\",layers=\"[0-9]*-[0-9]*\"} " "$T/srv2.metrics" &&
+            grep -q "^$f{stage=\"1\"," "$T/srv2.metrics" && nfam=$((nfam + 1))
+    done
+    c0=$(awk -F'[ ]' '$1 ~ /^k3_vk_expert_calls_total\{stage="0"/ {print $2}' "$T/srv2.metrics")
+    c1=$(awk -F'[ ]' '$1 ~ /^k3_vk_expert_calls_total\{stage="1"/ {print $2}' "$T/srv2.metrics")
+    if [ "$nfam" -eq 8 ] && [ "${c0:-0}" -gt 0 ] 2>/dev/null && [ "${c1:-0}" -gt 0 ] 2>/dev/null &&
+        ! grep -q '^k3_vk_expert_calls_total ' "$T/srv2.metrics"; then
+        ok "serve --local 2 --vk /metrics: 8 vulkan families per stage ($c0 / $c1 device expert calls on stages 0 / 1)"
+    else
+        bad "serve --local 2 --vk /metrics: $nfam of 8 families with both stages, calls ${c0:-?} / ${c1:-?}: $(grep k3_vk "$T/srv2.metrics" | head -4)"
+    fi
+else
+    bad "serve --local 2 --vk did not start: $(tail -3 "$T/srv2.err")"
 fi
 exit $fail
