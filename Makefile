@@ -249,7 +249,7 @@ bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve 
 
 # issue 21's table, short: n = 1, 1 and 2 threads [THREADS=1,2,4 ROUNDS=7]
 bench-kernels-threads:
-	BUILD=$(BUILD) bash tests/bench/$@.sh
+	BUILD=$(BUILD) THREADS=$(THREADS) ROUNDS=$(ROUNDS) bash tests/bench/$@.sh
 
 # Two revisions' kernel side by side: make bench-ab A=52c3c6c B=. K=int4 N=1
 # [ROUNDS=40 THREADS=1 COPIES=1] (COPIES=40: the MXFP4 and int8 ones from RAM)
