@@ -128,7 +128,7 @@ TINY     := $(FIXTURES)/tiny
 CACHE    ?= $(HOME)/.cache/k3shard
 
 .PHONY: all deps test run asan ubsan tsan fuzz format format-check clean reliability \
-        tiny slice bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-ab bench-vk bench-plan \
+        tiny slice bench-experts bench-kernels bench-kernels-threads bench-layers bench-cluster bench-drives bench-serve bench-ab bench-vk bench-plan \
         tests-bin fuzz-bin
 
 all: $(PROGS)
@@ -249,6 +249,10 @@ format-check:
 
 bench-experts bench-kernels bench-layers bench-cluster bench-drives bench-serve bench-vk bench-plan: tests-bin
 	BUILD=$(BUILD) CACHE=$(CACHE) bash tests/bench/$@.sh
+
+# issue 21's table, short: n = 1, 1 and 2 threads [THREADS=1,2,4 ROUNDS=7]
+bench-kernels-threads:
+	BUILD=$(BUILD) THREADS=$(THREADS) ROUNDS=$(ROUNDS) bash tests/bench/$@.sh
 
 # Two revisions' kernel side by side: make bench-ab A=52c3c6c B=. K=int4 N=1
 # [ROUNDS=40 THREADS=1 COPIES=1] (COPIES=40: the MXFP4 and int8 ones from RAM)

@@ -152,7 +152,7 @@ static int parse_list(const char *s, int *out, int maxv) {
 #define ROUNDS_MAX 64
 
 int main(int argc, char **argv) {
-    int quick = 0, rounds = 9, thp = 0, pattern = 0, gap_us = 0;
+    int quick = 0, rounds = 9, rounds_set = 0, thp = 0, pattern = 0, gap_us = 0;
     int threads[MAX_LIST], nthreads = 0, ns[MAX_LIST] = {1, 2, 3, 4}, nns = 4;
     const char *names[8];
     int nnames = 0;
@@ -171,7 +171,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[a], "--gap") && a + 1 < argc)
             parse_list(argv[++a], &gap_us, 1000000);
         else if (!strcmp(argv[a], "--rounds") && a + 1 < argc)
-            parse_list(argv[++a], &rounds, ROUNDS_MAX);
+            rounds_set = parse_list(argv[++a], &rounds, ROUNDS_MAX);
         else if (argv[a][0] != '-' && nnames < 8) {
             int kind, r, c;
             if (bench_kernel_shape(argv[a], &kind, &r, &c) || kind == BENCH_MXF32) {
@@ -198,7 +198,7 @@ int main(int argc, char **argv) {
         static const char *all[] = {"mxi8", "int8", "int8i", "int4", "int4i"};
         for (int i = 0; i < 5; i++) names[nnames++] = all[i];
     }
-    if (quick && rounds > 5) rounds = 5;
+    if (quick && !rounds_set && rounds > 5) rounds = 5;
     const size_t ram_target = quick ? (192u << 20) : (512u << 20); /* L3 here is 32 MB */
     const size_t sbytes = quick ? (256u << 20) : (512u << 20);
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# tests/bench/bench-kernels-threads.sh: the short form of issue 21's table
+# (`make bench-kernels-threads`): bench_kernels_threads alone, n = 1, for 1
+# and 2 threads (THREADS=1,2,4,... for more), every format, with the read
+# pattern column, ROUNDS (default 7) rounds of 192 MB kernel passes paired
+# with 256 MB STREAM passes. About a minute on a quiet 2-vCPU VM. Columns:
+# GB/s of the kernel, GB/s of STREAM (same thread count, same process),
+# ratio = kernel / neighbouring STREAM passes (median, min, max over rounds),
+# pat = the kernels' read pattern alone against the same STREAM passes.
+# Extra arguments go to the program (e.g. --thp, --gap 200, int8 int4).
+set -euo pipefail
+BUILD=${BUILD:-build}
+cd "$(dirname "$0")/../.."
+make --no-print-directory -s BUILD="$BUILD" "$BUILD/bench/bench_kernels_threads"
+"$BUILD/bench/bench_kernels_threads" --quick --rounds "${ROUNDS:-7}" --threads "${THREADS:-1,2}" \
+    --n 1 --pattern "$@"
