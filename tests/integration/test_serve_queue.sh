@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # tests/integration/test_serve_queue.sh: the waiting queue of `serve`
-# (docs/SERVING.md "Sessions and concurrency"). On tiny, in-process, with
-# --parallel 1 --max-queue 3 and --chunk 1 (a ~2,700-token prompt then
-# prefills for seconds):
-#   - 5 requests sent 0.3 s apart: the first runs, the next two wait (while
+# (docs/SERVING.md "Sessions and concurrency"). On tiny, with one local
+# worker whose every FORWARD takes 250 ms longer (K3_WORKER_FAULT=slow=250)
+# and --chunk 1, so a request of a dozen prompt tokens takes seconds on any
+# machine (tiny itself prefills thousands of tokens a second), with
+# --parallel 1 --max-queue 3; every prompt starts differently, so no
+# request reuses another's session state:
+#   - 5 requests sent 0.1 s apart: the first runs, the next two wait (while
 #     they do, /health says queue 2, running 1 and /metrics k3_queue_depth
 #     2), the last two get 429 queue_full with Retry-After at once;
 #   - the three admitted ones all answer 200, in arrival order, and the
@@ -17,7 +20,7 @@ make_tmp k3serve_queue
 PY=/usr/bin/python3
 
 P=$(port)
-serve_start "$T/out" "$T/err" --model "$TINY" --local 0 --threads 1 --port "$P" --ctx 8192 \
+K3_WORKER_FAULT=slow=250 serve_start "$T/out" "$T/err" --model "$TINY" --local 1 --threads 1 --port "$P" --ctx 8192 \
     --chunk 1 --parallel 1 --max-queue 3 --max-sessions 3 || {
     bad "serve did not start: $(tail -3 "$T/err")"
     exit 1
@@ -26,9 +29,9 @@ URL=http://127.0.0.1:$P
 health() { curl -s "$URL/health" | $PY -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
 metric() { curl -s "$URL/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
 
-LONG=$($PY -c "print('the quick brown fox jumps over the lazy dog ' * 300)")
+LONG="tell me about the quick brown fox"
 for i in 1 2 3 4 5; do
-    $PY -c "import json,sys; print(json.dumps({'prompt': sys.argv[1] + ' $i', 'max_tokens': 2}))" \
+    $PY -c "import json,sys; print(json.dumps({'prompt': 'request $i: ' + sys.argv[1], 'max_tokens': 2}))" \
         "$LONG" >"$T/req$i.json"
 done
 CLIENTS=()
@@ -40,9 +43,9 @@ for i in 1 2 3 4 5; do
         date +%s%N >"$T/end$i"
     ) &
     CLIENTS+=($!)
-    sleep 0.3
+    sleep 0.1
 done
-sleep 0.3
+sleep 0.2
 q=$(health queue)
 r=$(health running)
 d=$(metric k3_queue_depth)
@@ -82,13 +85,18 @@ code=$(curl -s -o /dev/null -w '%{http_code}' -H "Content-Type: application/json
     -d '{"prompt": "hello", "max_tokens": 2}' "$URL/v1/completions")
 [ "$code" = 200 ] && ok "the next request is served (200)" || bad "the next request: $code"
 
-# a waiting client that goes away: one long request runs, the second gives
+# a waiting client that goes away: one request runs (a prompt not sent
+# before: seconds of slowed steps, not a reused session), the second gives
 # up after 0.8 s of waiting
-curl -s -o /dev/null -H "Content-Type: application/json" -d @"$T/req1.json" \
+for i in 6 7; do
+    $PY -c "import json,sys; print(json.dumps({'prompt': 'request $i: ' + sys.argv[1], 'max_tokens': 2}))" \
+        "$LONG" >"$T/req$i.json"
+done
+curl -s -o /dev/null -H "Content-Type: application/json" -d @"$T/req6.json" \
     "$URL/v1/completions" &
 RUN=$!
-sleep 0.3
-curl -s -o /dev/null --max-time 0.8 -H "Content-Type: application/json" -d @"$T/req2.json" \
+sleep 0.2
+curl -s -o /dev/null --max-time 0.8 -H "Content-Type: application/json" -d @"$T/req7.json" \
     "$URL/v1/completions"
 sleep 0.6
 q=$(health queue)
