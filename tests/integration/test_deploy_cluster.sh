@@ -256,6 +256,7 @@ assert [x["name"] for x in h["hosts"]] == ["depw1", "depw2"], "hosts %s" % [x["n
 for x in h["hosts"]:
     assert len(x["drives"]) == 2 and all(d["rand_gbs"] > 0 for d in x["drives"]), "unmeasured drive on " + x["name"]
     assert x["ram_gb"] > 0, "ram of " + x["name"]
+    assert 0 < x["rtt_ms"] < 1000, "round trip to %s: %s ms (measured by plan.yml)" % (x["name"], x["rtt_ms"])
 ws = p["workers"]
 assert [w["name"] for w in ws] == ["depw1-w0", "depw2-w0"], "workers %s" % [w["name"] for w in ws]
 got = [l for w in ws for l in range(w["layers"][0], w["layers"][1] + 1)]
@@ -269,12 +270,13 @@ for w in ws:
 print(",".join(w["endpoint"] for w in ws))
 print(" ".join("%s:%s:%s" % (w["name"], w["layers_arg"], w["endpoint"]) for w in ws))
 print("%.3f:%.3f" % tuple(x["drives"][0]["rand_gbs"] + x["drives"][1]["rand_gbs"] for x in h["hosts"]))
+print("/".join("%.3f" % x["rtt_ms"] for x in h["hosts"]))
 EOF
 )
 if [ $? -eq 0 ]; then
     EPS=$(echo "$plan_check" | sed -n 1p)
     read -r -a WSPEC <<<"$(echo "$plan_check" | sed -n 2p)"
-    ok "D1: the playbook's plan (plan --hosts from 4 drives measured on 2 hosts, $(echo "$plan_check" | sed -n 3p) GB/s per host): ${WSPEC[*]}, each striped over its 2 drives"
+    ok "D1: the playbook's plan (plan --hosts from 4 drives measured on 2 hosts, $(echo "$plan_check" | sed -n 3p) GB/s per host, round trips $(echo "$plan_check" | sed -n 4p) ms measured from the coordinator host): ${WSPEC[*]}, each striped over its 2 drives"
 else
     bad "D1: the plan: $plan_check"
     EPS=tcp://${ADDR[1]}:5555,tcp://${ADDR[2]}:5555
