@@ -30,7 +30,9 @@
  * run there as one job, started once z exists, while the CPU computes the
  * shared experts and its own; their rows land in the same per-selection
  * array, so the id-order sum below is unchanged. A device failure returns
- * the job's experts, which the CPU then reads and computes.
+ * the job's experts, which the CPU then reads and computes. With both, the
+ * other workers' experts are taken out first, so the tier claims only this
+ * worker's own and no expert runs on two paths.
  */
 #include <math.h>
 #include <stdlib.h>
