@@ -9,7 +9,10 @@
  * async-signal-safe calls run (the parent may have threads). Everything the
  * child needs (argv, the environment) is built before fork. The child asks
  * the kernel for SIGTERM when its parent dies, so an aborted coordinator
- * leaves no orphan workers behind.
+ * leaves no orphan workers behind, and takes a process group of its own:
+ * the terminal's Ctrl-C (SIGINT to the foreground group) is the
+ * coordinator's to handle (it stops an answer in `chat`, drains `serve`),
+ * and must not also stop the workers that hold the conversation's state.
  */
 #include <errno.h>
 #include <signal.h>
@@ -81,6 +84,7 @@ k3_status k3_worker_spawn(pid_t *pid, const char *bin, char *const argv[], char 
         /* child: async-signal-safe calls only */
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) _exit(1); /* the parent died before prctl */
+        setpgid(0, 0); /* out of the terminal's foreground group (above) */
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/integration/test_chat_cli.sh: `k3-coordinator chat` on the tiny
-# checkpoint (docs/CHAT.md), in-process (--local 0).
+# checkpoint (docs/CHAT.md), in-process (--local 0; session a with one
+# slowed local worker, see there).
 #   - under tmux (send-keys / capture-pane): a two-turn conversation whose
 #     second turn reuses the first's state (the stats line's "reused"),
 #     multi-line input (backslash, """ block, bracketed paste), Ctrl-C on
@@ -53,16 +54,21 @@ generated() { sed -E 's/.*prefilled\), ([0-9]+) generated.*/\1/' <<<"$1"; }
 last_answer() {
     python3 -c 'import json,sys; m=json.load(open(sys.argv[1]))["messages"]; print(repr([x for x in m if x["role"]=="assistant"][-1]["content"]))' "$1"
 }
-start() { # session, extra options...
+start() { # session, extra options... (START_ENV: extra VAR=value words)
     local s=$1
     shift
     "${TM[@]}" new-session -d -s "$s" -x 200 -y 50 \
-        "HOME=$T $(printf '%q ' "${CHAT[@]}" "$@") 2>$T/$s.err; echo EXIT=\$? >$T/$s.exit; sleep 300"
+        "HOME=$T ${START_ENV:-} $(printf '%q ' "${CHAT[@]}" "$@") 2>$T/$s.err; echo EXIT=\$? >$T/$s.exit; sleep 300"
     wait_n "$s" 'type and press Enter' 1 60 || bad "$s: no prompt: $(tail -2 "$T/$s.err")"
 }
 
 # ---- session a: turns, reuse, commands, Ctrl-C, :save -----------------------
-start a --temp 30 --seed 1 --ngen 24
+# One local worker that takes 2 ms more per step (K3_WORKER_FAULT=slow=2):
+# the long answer below then streams for seconds on any machine, so the
+# Ctrl-C lands mid-answer (at tiny's in-process speed a near-uniform answer
+# could reach its stop id before the keys arrived). The results are the
+# same bits as in-process (docs/CLUSTER.md), which session b checks.
+START_ENV="K3_WORKER_FAULT=slow=2" start a --local 1 --temp 30 --seed 1 --ngen 24
 keys a 'Hello there' Enter
 wait_n a '^\[prompt ' 1 || bad "first answer: no stats line"
 keys a 'And a second question' Enter
