@@ -84,7 +84,7 @@ k3_status k3_worker_spawn(pid_t *pid, const char *bin, char *const argv[], char 
         /* child: async-signal-safe calls only */
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         if (getppid() != parent) _exit(1); /* the parent died before prctl */
-        setpgid(0, 0); /* out of the terminal's foreground group (above) */
+        setpgid(0, 0);                     /* out of the terminal's foreground group (above) */
         sigset_t none;
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
