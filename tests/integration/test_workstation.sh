@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/integration/test_workstation.sh: deploy/k3-workstation on the tiny
 # checkpoint with 3 loop-device drives (tests/workstation_lib.sh):
-# setup (doctor, plan, repack onto the drives) then `start chat` gives the
+# setup (doctor, plan, repack onto the drives) then `start run` gives the
 # logits of `--local 0` on the source at the same bits; `start serve`
 # answers /v1/completions with the CLI's text; `status` lists the workers;
 # `stop` leaves no process of ours; `setup --stripe` stripes the experts
@@ -41,12 +41,20 @@ for d in ${drives//,/ }; do n_on=$((n_on + $(ls "$d/k3-model" | grep -c 'safeten
 # chat: the logits of --local 0 on the source at the same bits
 IDS=5,7,9,11,13,17
 "$C" --model "$TINY" --bits 8 --local 0 --ids $IDS --ngen 3 --all-logits "$T/ref.bin" >/dev/null 2>&1
-if "$KW" start chat --ids $IDS --ngen 3 --all-logits "$T/ws.bin" >"$T/chat.out" 2>&1 &&
+if "$KW" start run --ids $IDS --ngen 3 --all-logits "$T/ws.bin" >"$T/chat.out" 2>&1 &&
     cmp -s "$T/ref.bin" "$T/ws.bin"; then
-    ok "start chat on 3 drive workers: logits bit-identical to --local 0 on the source (--bits 8)"
+    ok "start run on 3 drive workers: logits bit-identical to --local 0 on the source (--bits 8)"
 else
-    bad "start chat: logits differ or it failed: $(tail -2 "$T/chat.out")"
+    bad "start run: logits differ or it failed: $(tail -2 "$T/chat.out")"
 fi
+# the chat prompt on the same workers (piped: one answer a line), the same
+# text as the in-process chat for the same message and settings
+CHAT_ARGS=(--temp 2 --seed 4 --ngen 12 --think off --log-level warn)
+want=$(echo "Hello there" | "$C" chat --model "$TINY" --bits 8 --local 0 "${CHAT_ARGS[@]}" 2>/dev/null)
+got=$(echo "Hello there" | "$KW" start chat "${CHAT_ARGS[@]}" 2>"$T/chatp.err")
+[ -n "$want" ] && [ "$got" = "$want" ] &&
+    ok "start chat: the chat prompt on the drive workers answers as in-process ($(wc -c <<<"$got") bytes)" ||
+    bad "start chat: '$got' vs in-process '$want' ($(tail -2 "$T/chatp.err"))"
 
 # serve
 P=$(port)
@@ -76,11 +84,11 @@ for p in $pids; do kill -0 "$p" 2>/dev/null && left+=" $p"; done
 if "$KW" setup "$TINY" --drives "$drives" --seconds 0.2 --stripe >"$T/setup3.out" 2>&1 &&
     [ -s "$K3_WS_STATE/placement.json" ]; then
     ok "setup --stripe: $(grep -m1 'place: .* files' "$T/setup3.out" | sed 's/^ *place: //' | cut -c1-100)"
-    if "$KW" start chat --ids $IDS --ngen 3 --all-logits "$T/wss.bin" >"$T/chats.out" 2>&1 &&
+    if "$KW" start run --ids $IDS --ngen 3 --all-logits "$T/wss.bin" >"$T/chats.out" 2>&1 &&
         cmp -s "$T/ref.bin" "$T/wss.bin"; then
-        ok "start chat with striped workers: logits bit-identical to --local 0 on the source"
+        ok "start run with striped workers: logits bit-identical to --local 0 on the source"
     else
-        bad "start chat striped: logits differ or it failed: $(tail -2 "$T/chats.out")"
+        bad "start run striped: logits differ or it failed: $(tail -2 "$T/chats.out")"
     fi
     n_str=$(cat "$K3_WS_STATE"/logs/w*.log | grep -c 'striped over 3 drives')
     [ "$n_str" = 3 ] && ok "each of the 3 workers reads its experts from all 3 drives" ||
@@ -111,7 +119,7 @@ d2=${drives#*,}
 d2=${d2%%,*}
 mv "$d2/k3-model" "$d2/k3-model.away"
 mkdir "$d2/k3-model"
-if "$KW" start chat --ids 5 --ngen 1 >"$T/f3.out" 2>&1; then
+if "$KW" start run --ids 5 --ngen 1 >"$T/f3.out" 2>&1; then
     bad "start with a worker's shards gone succeeded"
 else
     grep -q 'could not start' "$T/f3.out" && grep -q 'fix:' "$T/f3.out" &&
