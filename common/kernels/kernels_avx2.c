@@ -162,8 +162,11 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
     UNROLL for (int h = 0; h < 2; h++) UNROLL for (int i = 0; i < R; i++)
         UNROLL for (int j = 0; j < T; j++) a[h][i][j] = _mm256_setzero_ps();
     for (int g = 0; g < ng; g += 2) {
-        UNROLL for (int i = 0; i < R; i++)
+        UNROLL for (int i = 0; i < R; i++) {
             pf_next(qb + (size_t)i * ldp + (size_t)g * 32, (size_t)R * ldp);
+            /* the next block's group scales, once per cache line of each row */
+            if ((g & 15) == 0) pf_next(sb + (size_t)i * ng + g, (size_t)R * ng * sizeof(float));
+        }
         UNROLL for (int h = 0; h < 2; h++) {
             if (h == 1 && g + 1 >= ng) break; /* a lone last group: lanes 0-7 only */
             __m256i lo[4], hi[4];
