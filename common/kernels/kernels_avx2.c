@@ -162,8 +162,11 @@ AVX2_INL void i4_tile(const k3_qmat *m, int r, const float *x, float *out, int R
     UNROLL for (int h = 0; h < 2; h++) UNROLL for (int i = 0; i < R; i++)
         UNROLL for (int j = 0; j < T; j++) a[h][i][j] = _mm256_setzero_ps();
     for (int g = 0; g < ng; g += 2) {
-        UNROLL for (int i = 0; i < R; i++)
+        UNROLL for (int i = 0; i < R; i++) {
             pf_next(qb + (size_t)i * ldp + (size_t)g * 32, (size_t)R * ldp);
+            /* the next block's group scales, once per cache line of each row */
+            if ((g & 15) == 0) pf_next(sb + (size_t)i * ng + g, (size_t)R * ng * sizeof(float));
+        }
         UNROLL for (int h = 0; h < 2; h++) {
             if (h == 1 && g + 1 >= ng) break; /* a lone last group: lanes 0-7 only */
             __m256i lo[4], hi[4];
@@ -627,6 +630,15 @@ static int xk_rows(int kind, int vnni, const void *mat, const int8_t *xq, const 
                             mxi8_corr(xq + (size_t)(t0 + j) * cols + (size_t)(g0 + g) * 32,
                                       kind == K3_IK_MX ? 12 : 8);
             for (int r = r0; r < r8; r += 8) {
+                /* the next tile's group scales (contiguous rows), read below
+                 * one tile later: without it they were demand misses */
+                if (kind != K3_IK_I8 && r + 8 < r8) {
+                    const size_t sb = kind == K3_IK_MX ? (size_t)ng : (size_t)(ng / 2) * 4;
+                    const char *sn = kind == K3_IK_MX
+                                         ? (const char *)(mx->scale + (size_t)(r + 8) * ng)
+                                         : (const char *)(qm->scales + (size_t)(r + 8) * (ng / 2));
+                    for (size_t l = 0; l < 8 * sb; l += 64) _mm_prefetch(sn + l, _MM_HINT_T1);
+                }
                 if (kind == K3_IK_MX)
                     mxi8_scales8_fn(mx->scale + (size_t)r * ng, (size_t)ng, g0, gn, eh);
                 else if (kind == K3_IK_I4)

@@ -6,11 +6,14 @@
 # with 256 MB STREAM passes. About a minute on a quiet 2-vCPU VM. Columns:
 # GB/s of the kernel, GB/s of STREAM (same thread count, same process),
 # ratio = kernel / neighbouring STREAM passes (median, min, max over rounds),
-# pat = the kernels' read pattern alone against the same STREAM passes.
+# pat = the kernels' read pattern alone against the same STREAM passes, seq =
+# the same bytes as one sequential stream per task (a tile-major layout's
+# pattern), hot = the kernel on 4 MB per thread (no RAM) against the same
+# STREAM passes.
 # Extra arguments go to the program (e.g. --thp, --gap 200, int8 int4).
 set -euo pipefail
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/../.."
 make --no-print-directory -s BUILD="$BUILD" "$BUILD/bench/bench_kernels_threads"
 "$BUILD/bench/bench_kernels_threads" --quick --rounds "${ROUNDS:-7}" --threads "${THREADS:-1,2}" \
-    --n 1 --pattern "$@"
+    --n 1 --pattern --hot "$@"

@@ -19,7 +19,7 @@
  * int4i (--dense-idot). K3_ISA picks the level as everywhere.
  *
  * Usage: bench_kernels_threads [--quick] [--threads 1,2,4] [--n 1,2]
- *        [--rounds R] [--pattern] [--thp] [--gap US] [FORMAT...]
+ *        [--rounds R] [--pattern] [--hot] [--thp] [--gap US] [FORMAT...]
  *   --thp     a second set of the copies, madvise(MADV_HUGEPAGE)d (transparent
  *             huge pages are "madvise" on many systems, so a plain malloc
  *             gets 4 KB pages), timed in the same rounds: column "thp" is its
@@ -32,7 +32,14 @@
  *   --pattern also time, paired the same way, a read-only pass over the
  *             copies in the kernel's own row-task split (threads, tasks,
  *             16-row tiles, the next tile prefetched), to separate the
- *             access pattern from the kernel's compute
+ *             access pattern from the kernel's compute; column "seq" is
+ *             the same bytes read as one sequential stream per task (8 KB
+ *             software prefetch), the pattern of a tile-major layout
+ *   --hot     also time the kernel on ONE copy, called as often as there
+ *             are copies (in L3 after the first call: the kernel's compute
+ *             rate without RAM), against the same STREAM passes: column
+ *             "hot" below about 1.3 says the kernel computes too slowly to
+ *             hide the memory time at that thread count
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -72,6 +79,24 @@ __attribute__((target("avx2"))) static void pat_task(void *ctx, int task) {
                 a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)p));
                 a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + 32)));
             }
+    }
+    j->sink[(task % MAX_LIST) * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
+}
+
+/* The same bytes as pat_task's, read as one sequential stream per task with
+ * the line 8 KB ahead prefetched (prefetcht1): the pattern a tile-major
+ * layout (a tile's rows interleaved per 64 bytes) would give the kernels. */
+__attribute__((target("avx2"))) static void seq_task(void *ctx, int task) {
+    pat_job *j = ctx;
+    const int r0 = task * j->per_task;
+    const int r1 = r0 + j->per_task < j->rows ? r0 + j->per_task : j->rows;
+    const uint8_t *p = j->w + (size_t)r0 * j->ldp;
+    const size_t bytes = r1 > r0 ? (size_t)(r1 - r0) / 16 * 16 * j->ldp : 0;
+    __m256i a = _mm256_setzero_si256();
+    for (size_t c = 0; c < bytes; c += 64) {
+        _mm_prefetch((const char *)(p + c + 8192), _MM_HINT_T1);
+        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + c)));
+        a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + c + 32)));
     }
     j->sink[(task % MAX_LIST) * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
 }
@@ -152,7 +177,7 @@ static int parse_list(const char *s, int *out, int maxv) {
 #define ROUNDS_MAX 64
 
 int main(int argc, char **argv) {
-    int quick = 0, rounds = 9, rounds_set = 0, thp = 0, pattern = 0, gap_us = 0;
+    int quick = 0, rounds = 9, rounds_set = 0, thp = 0, pattern = 0, hot = 0, gap_us = 0;
     int threads[MAX_LIST], nthreads = 0, ns[MAX_LIST] = {1, 2, 3, 4}, nns = 4;
     const char *names[8];
     int nnames = 0;
@@ -164,6 +189,8 @@ int main(int argc, char **argv) {
             thp = 1;
         else if (!strcmp(argv[a], "--pattern"))
             pattern = 1;
+        else if (!strcmp(argv[a], "--hot"))
+            hot = 1;
         else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
             nthreads = parse_list(argv[++a], threads, BENCH_RD_MAX_PARTS);
         else if (!strcmp(argv[a], "--n") && a + 1 < argc)
@@ -186,7 +213,8 @@ int main(int argc, char **argv) {
             fprintf(
                 stderr,
                 "usage: bench_kernels_threads [--quick] [--threads 1,2,..] [--n 1,..,4] "
-                "[--rounds R] [--thp] [--pattern] [--gap US] [mxi8|int8|int8i|int4|int4i ...]\n");
+                "[--rounds R] [--thp] [--pattern] [--hot] [--gap US] [mxi8|int8|int8i|int4|int4i "
+                "...]\n");
             return 2;
         }
     }
@@ -211,7 +239,8 @@ int main(int argc, char **argv) {
 
     printf("\n%-6s %-11s %3s %2s %8s %8s %6s %6s %6s", "format", "shape", "thr", "n", "GB/s",
            "STREAM", "ratio", "min", "max");
-    printf(pattern ? " %6s" : "", "pat");
+    printf(pattern ? " %6s %6s" : "", "pat", "seq");
+    printf(hot ? " %6s" : "", "hot");
     printf(thp ? " %6s" : "", "thp");
     printf(gap_us ? " %6s\n" : "\n", "gap");
     for (int fi = 0; fi < nnames; fi++) {
@@ -251,7 +280,19 @@ int main(int argc, char **argv) {
             for (int ni = 0; ni < nns; ni++) {
                 const int n = ns[ni];
                 double r[ROUNDS_MAX], kg[ROUNDS_MAX], sg[ROUNDS_MAX + 1], pr[ROUNDS_MAX],
-                    hg[ROUNDS_MAX], gg[ROUNDS_MAX];
+                    qr[ROUNDS_MAX], hg[ROUNDS_MAX], gg[ROUNDS_MAX], og[ROUNDS_MAX];
+                /* --hot: the first rows of copy 0, 4 MB per thread (in this
+                 * VM's L2 + L3: 1 MB + a share of 32 MB, the L3 shared with
+                 * other guests), called until the bytes equal a kernel
+                 * pass's; each call's own setup (activation layout, int4's
+                 * x blocks) counts, at 1/10 of the matrix or less */
+                bench_mat hm = fc.m[0];
+                const size_t hcap = (size_t)T * (4u << 20);
+                const int hrows = one <= hcap ? rows : (int)(hcap / (one / rows)) / 16 * 16;
+                hm.mx.rows = hrows;
+                hm.qm.rows = hrows;
+                const size_t hbytes = one / (size_t)rows * (size_t)hrows;
+                const int hcalls = (int)(((size_t)fc.copies * one + hbytes - 1) / hbytes);
                 for (int c = 0; c < fc.copies; c++) run_once(&fc.m[c], &fc, n, pool); /* warm */
                 k3_pool_run(pool, bench_rd_task, &rj, T);
                 for (int p = 0; p <= rounds; p++) {
@@ -300,12 +341,33 @@ int main(int argc, char **argv) {
                             k3_pool_run(pool, pat_task, &pj, (rows + per - 1) / per);
                         }
                         pr[p] = (double)ldp * rows * fc.copies / (k3_now_s() - t0) / 1e9;
+                        t0 = k3_now_s();
+                        for (int c = 0; c < fc.copies; c++) {
+                            pat_job pj = {.w = kind == BENCH_MXI8 ? fc.m[c].mx.packed
+                                               : fc.m[c].qm.fmt == K3_QF_I4G64
+                                                   ? fc.m[c].qm.q4
+                                                   : (const uint8_t *)fc.m[c].qm.q8,
+                                          .ldp = ldp,
+                                          .rows = rows,
+                                          .per_task = per};
+                            k3_pool_run(pool, seq_task, &pj, (rows + per - 1) / per);
+                        }
+                        qr[p] = (double)ldp * rows * fc.copies / (k3_now_s() - t0) / 1e9;
+                    }
+                    if (hot) {
+                        run_once(&hm, &fc, n, pool);
+                        t0 = k3_now_s();
+                        for (int c = 0; c < hcalls; c++) run_once(&hm, &fc, n, pool);
+                        og[p] = (double)hbytes * hcalls / (k3_now_s() - t0) / 1e9;
                     }
                 }
-                double sgc[ROUNDS_MAX + 1], prr[ROUNDS_MAX], hr[ROUNDS_MAX], gr[ROUNDS_MAX];
+                double sgc[ROUNDS_MAX + 1], prr[ROUNDS_MAX], qrr[ROUNDS_MAX], hr[ROUNDS_MAX],
+                    gr[ROUNDS_MAX], orr[ROUNDS_MAX];
                 for (int p = 0; p < rounds; p++) {
                     r[p] = kg[p] / ((sg[p] + sg[p + 1]) / 2);
                     prr[p] = pattern ? pr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
+                    qrr[p] = pattern ? qr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
+                    orr[p] = hot ? og[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     hr[p] = fc.mh ? hg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     gr[p] = gap_us ? gg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                 }
@@ -314,7 +376,8 @@ int main(int argc, char **argv) {
                 const double rmed = median(r, rounds);
                 printf("%-6s %-11s %3d %2d %8.1f %8.1f %6.2f %6.2f %6.2f", fc.name, shape, T, n,
                        kmed, smed, rmed, r[0], r[rounds - 1]);
-                if (pattern) printf(" %6.2f", median(prr, rounds));
+                if (pattern) printf(" %6.2f %6.2f", median(prr, rounds), median(qrr, rounds));
+                if (hot) printf(" %6.2f", median(orr, rounds));
                 if (fc.mh) printf(" %6.2f", median(hr, rounds));
                 if (gap_us) printf(" %6.2f", median(gr, rounds));
                 printf("\n");
