@@ -391,6 +391,7 @@ static k3_status xs_finish(void *ctx, float *y, char *err, size_t errlen) {
 typedef struct xs_call {
     proto_msg m;
     proto_frames fr; /* its tensor frames and the caller's routing id, owned */
+    double recv_ms;  /* when it was read off the endpoint */
     struct xs_call *next;
 } xs_call;
 
@@ -613,6 +614,7 @@ static void xs_drain(xs_srv *s) {
             free(c);
             continue;
         }
+        c->recv_ms = k3_now_ms();
         if (s->tail)
             s->tail->next = c;
         else
@@ -659,7 +661,7 @@ static void xs_serve_one(xs_srv *s) {
     char err[1024];
     k3_status st = xs_check_call(s, &m, &c->fr, err, sizeof err);
     k3_expert_stats es = {0};
-    double t0 = k3_now_ms();
+    double t0 = k3_now_ms(), queued = t0 - c->recv_ms;
     if (!st) st = xs_compute(s, &m, &c->fr, &es, err, sizeof err);
     double ms = k3_now_ms() - t0;
     if (st) {
@@ -696,6 +698,7 @@ static void xs_serve_one(xs_srv *s) {
     x->st.served_misses += es.misses;
     x->st.served_ms += ms;
     x->st.served_read_ms += es.read_ms;
+    x->st.served_queue_ms += queued;
     pthread_mutex_unlock(&x->mu);
     s->running = NULL;
     proto_frames_close(&c->fr);
@@ -810,12 +813,13 @@ void wk_xstripe_close(wk_xstripe **xp, k3_model *m) {
     K3_INFO("%s: expert calls: %llu sent from %llu MoE layer steps (%llu outputs gathered, "
             "%.1f ms waiting); per call %.1f ms round trip, of it %.1f ms the peer's compute "
             "(%.1f ms its read wait); %llu served (%llu refused, %llu bytes read for them, "
-            "%.1f ms computing and %.1f ms waiting on reads per call)",
+            "%.1f ms queued behind other calls, %.1f ms computing and %.1f ms waiting on reads "
+            "per call)",
             x->o.name, (unsigned long long)x->st.calls, (unsigned long long)x->st.layers_called,
             (unsigned long long)x->st.pairs_remote, x->st.gather_wait_ms, x->st.call_rtt_ms / nc,
             x->st.peer_compute_ms / nc, x->st.peer_read_ms / nc, (unsigned long long)x->st.served,
             (unsigned long long)x->st.served_errors, (unsigned long long)x->st.served_bytes,
-            x->st.served_ms / ns, x->st.served_read_ms / ns);
+            x->st.served_queue_ms / ns, x->st.served_ms / ns, x->st.served_read_ms / ns);
     if (x->srv) zmq_close(x->srv);
     for (int d = 0; d < K3_MAX_DIRS; d++) xs_drop_socket(&x->peer[d]);
     k3_zap_close(&x->zap);

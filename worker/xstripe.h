@@ -97,8 +97,9 @@ typedef struct wk_xstripe_stats {
     uint64_t served_errors; /* answered ERROR */
     uint64_t served_bytes;  /* expert bytes read for them */
     uint64_t served_hits, served_misses;
-    double served_ms;      /* time computing them (read waits included) */
-    double served_read_ms; /* of it, waiting on expert reads */
+    double served_ms;       /* time computing them (read waits included) */
+    double served_read_ms;  /* of it, waiting on expert reads */
+    double served_queue_ms; /* waiting in the queue behind other calls, before that */
 } wk_xstripe_stats;
 void wk_xstripe_get_stats(wk_xstripe *x, wk_xstripe_stats *out);
 
