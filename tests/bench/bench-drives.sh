@@ -32,7 +32,9 @@
 # Checkpoint: DRIVES_SLICE (default $CACHE/slice-l5e24: k3_gen slice with 5
 # layers = 1 dense + 4 MoE, 24 experts of real size; generated when
 # missing, 9.1 GB on disk). Layers are split so each worker holds the same
-# number of MoE layers (the dense layer 0 goes with the first).
+# number of MoE layers (the dense layer 0 goes with the first). REPACK=1
+# (default): drives and workers use "$DRIVES_SLICE"_c4, a --bits 4
+# container of it made once (workers load in seconds, same bits).
 # STRIPE=0: the configuration above (each worker's layers on its own drive);
 # STRIPE=1: expert striping (docs/CLUSTER.md): `k3-coordinator place` spreads
 # every MoE layer's experts over the N drives (sparse copies), the workers
@@ -150,6 +152,12 @@ if [ "$REPACK" = 1 ]; then
     # one maker at a time (another user's run may be making it); .tmp until whole
     exec 9>"$CACHE/.$(basename "$SLICE")_c4.lock"
     flock 9
+    # a slice generated again after the container was made: make it again
+    if [ -f "$SRC/model.safetensors.index.json" ] &&
+        [ "$SLICE/model.safetensors.index.json" -nt "$SRC/model.safetensors.index.json" ]; then
+        echo "bench-drives: $SLICE is newer than $SRC: repacking again"
+        rm -rf "$SRC"
+    fi
     if [ ! -f "$SRC/model.safetensors.index.json" ]; then
         echo "bench-drives: repacking $SLICE into $SRC (--bits 4, once)"
         "$BUILD/k3-coordinator" repack "$SLICE" "$SRC.tmp" --bits 4 --quiet
