@@ -123,7 +123,8 @@ typedef struct xs_peer {
     proto_msg req; /* the call, for reply matching */
     int *pair;     /* [R] index of each answered row in the caller's y */
     int n_pair;
-    double sent_ms;
+    double sent_ms; /* the call's send, or its last progress HEARTBEAT */
+    double call_ms; /* the call's send */
 } xs_peer;
 
 struct wk_xstripe {
@@ -248,7 +249,7 @@ static k3_status xs_start(void *ctx, int layer, const float *z, int T, int LT, c
             xs_drop_socket(p);
         } else {
             p->pending = 1;
-            p->sent_ms = k3_now_ms();
+            p->sent_ms = p->call_ms = k3_now_ms();
             pthread_mutex_lock(&x->mu);
             x->st.calls++;
             x->st.pairs_remote += (uint64_t)R;
@@ -307,6 +308,11 @@ static k3_status xs_take(wk_xstripe *x, int d, float *y, int *done, char *err, s
                    sizeof(float) * LT);
         *done = 1;
         p->pending = 0;
+        pthread_mutex_lock(&x->mu);
+        x->st.call_rtt_ms += k3_now_ms() - p->call_ms;
+        x->st.peer_compute_ms += rep.u.expert_done.compute_ms;
+        x->st.peer_read_ms += rep.u.expert_done.read_ms;
+        pthread_mutex_unlock(&x->mu);
     }
     proto_frames_close(&fr);
     if (st) {
@@ -385,6 +391,7 @@ static k3_status xs_finish(void *ctx, float *y, char *err, size_t errlen) {
 typedef struct xs_call {
     proto_msg m;
     proto_frames fr; /* its tensor frames and the caller's routing id, owned */
+    double recv_ms;  /* when it was read off the endpoint */
     struct xs_call *next;
 } xs_call;
 
@@ -445,6 +452,7 @@ static k3_status xs_check_call(xs_srv *s, const proto_msg *m, const proto_frames
     const int32_t *ids = proto_frames_data(fr, 1, NULL);
     const int32_t *cnt = proto_frames_data(fr, 2, NULL);
     const int32_t *rows = proto_frames_data(fr, 3, NULL);
+    uint8_t seen[K3_MAX_EXPERTS] = {0}; /* an expert once per call (xs_compute's run order) */
     int64_t sum = 0;
     for (uint32_t i = 0; i < c->n_experts; i++) {
         int32_t e, k;
@@ -453,6 +461,9 @@ static k3_status xs_check_call(xs_srv *s, const proto_msg *m, const proto_frames
         if (e < 0 || e >= cfg->n_experts)
             return k3_errf(K3_ERR_ARG, err, errlen, "layer %u: expert id %d outside [0, %d)",
                            c->layer, e, cfg->n_experts);
+        if (seen[e]++)
+            return k3_errf(K3_ERR_ARG, err, errlen, "layer %u: expert %d given twice in one call",
+                           c->layer, e);
         if (k3_experts_drive_of(k3_model_experts(x->m), (int)c->layer, e) != (int)c->drive)
             return k3_errf(K3_ERR_MISMATCH, err, errlen,
                            "layer %u expert %d is on drive %d of the placement, not drive %u",
@@ -476,7 +487,11 @@ static k3_status xs_check_call(xs_srv *s, const proto_msg *m, const proto_frames
 }
 
 /* Applies the call's experts: the same k3_moe_expert_apply on the same
- * rows (in the same order) as the calling stage would, so the same bits. */
+ * rows (in the same order) as the calling stage would, so the same bits.
+ * Run order as in common/layers/moe.c: the experts cached here first, then
+ * the misses in disk order, so the cached ones compute while the first
+ * misses are read (the outputs land at each expert's place in the call,
+ * whatever order they ran in). */
 static k3_status xs_compute(xs_srv *s, const proto_msg *m, const proto_frames *fr,
                             k3_expert_stats *es, char *err, size_t errlen) {
     wk_xstripe *x = s->x;
@@ -512,18 +527,44 @@ static k3_status xs_compute(xs_srv *s, const proto_msg *m, const proto_frames *f
     float *zg = K3_ARENA_F(&s->ar, P * LT);
     int8_t *zq = k3_arena_alloc(&s->ar, P * LT);
     float *zs = K3_ARENA_F(&s->ar, P * G);
-    int32_t *idv = k3_xmalloc(sizeof(int32_t) * c->n_experts);
-    memcpy(idv, ids, sizeof(int32_t) * c->n_experts);
-    k3_expert_batch *b = NULL;
-    k3_status st = k3_experts_batch_open(&b, k3_model_experts(x->m), (int)c->layer, idv,
-                                         (int)c->n_experts, es, err, errlen);
-    size_t j0 = 0;
-    for (uint32_t i = 0; i < c->n_experts && !st; i++) {
-        int32_t k;
+    /* the call's experts (checked: distinct, in range): first pair of each
+     * (j0 of [n_experts + 1]) and where each id sits in the call */
+    uint32_t ne = c->n_experts;
+    size_t *j0 = k3_xmalloc(sizeof(size_t) * (ne + 1));
+    int32_t *slot_of = k3_xmalloc(sizeof(int32_t) * (size_t)cfg->n_experts); /* [E] */
+    uint8_t *in_call = k3_xcalloc((size_t)cfg->n_experts, 1);                /* [E] */
+    int32_t *run = k3_xmalloc(sizeof(int32_t) * (size_t)cfg->n_experts);     /* [ne] */
+    int32_t *order = k3_xmalloc(sizeof(int32_t) * (size_t)cfg->n_experts);   /* [ne] */
+    j0[0] = 0;
+    for (uint32_t i = 0; i < ne; i++) {
+        int32_t e, k;
+        memcpy(&e, ids + sizeof(int32_t) * i, sizeof e);
         memcpy(&k, cnt + sizeof(int32_t) * i, sizeof k);
+        slot_of[e] = (int32_t)i;
+        in_call[e] = 1;
+        j0[i + 1] = j0[i] + (size_t)k;
+    }
+    k3_experts *store = k3_model_experts(x->m);
+    int n_order = k3_experts_disk_order(store, (int)c->layer, in_call, order);
+    K3_ASSERT(n_order == (int)ne);
+    /* the cache is looked at once per expert (in_call reused as the
+     * snapshot): each expert lands in exactly one of the two passes */
+    for (int i = 0; i < n_order; i++)
+        in_call[order[i]] = k3_experts_cached(store, (int)c->layer, order[i]) != 0;
+    int n_run = 0, n_hot = 0;
+    for (int pass = 0; pass < 2; pass++) /* cached first, then the misses */
+        for (int i = 0; i < n_order; i++)
+            if (in_call[order[i]] == (pass == 0)) run[n_run++] = order[i], n_hot += pass == 0;
+    /* several drives served here: the misses alternate between them */
+    k3_experts_interleave(store, (int)c->layer, run + n_hot, n_run - n_hot);
+    k3_expert_batch *b = NULL;
+    k3_status st = k3_experts_batch_open(&b, store, (int)c->layer, run, (int)ne, es, err, errlen);
+    for (uint32_t q = 0; q < ne && !st; q++) {
+        int32_t i = slot_of[run[q]];
+        int k = (int)(j0[i + 1] - j0[i]);
         for (int r = 0; r < k; r++) {
             int32_t row;
-            memcpy(&row, rows + sizeof(int32_t) * (j0 + (size_t)r), sizeof row);
+            memcpy(&row, rows + sizeof(int32_t) * (j0[i] + (size_t)r), sizeof row);
             memcpy(zg + (size_t)r * LT, z + sizeof(float) * (size_t)row * LT, sizeof(float) * LT);
         }
         /* int8 activations: per row and group of 32, so quantizing the
@@ -531,16 +572,15 @@ static k3_status xs_compute(xs_srv *s, const proto_msg *m, const proto_frames *f
         if (s->lc.idot) k3_act_quant_q8(zg, k, (int)LT, zq, zs);
         xs_serve_progress(s); /* queued calls and this one: still alive */
         k3_expert_view v;
-        st = k3_experts_batch_get(b, (int)i, &v, err, errlen);
+        st = k3_experts_batch_get(b, (int)q, &v, err, errlen);
         if (st) break;
         size_t mark = s->ar.used;
-        k3_moe_expert_apply(&s->lc, &v, zg, zq, zs, k, s->y + j0 * LT, &s->ar);
+        k3_moe_expert_apply(&s->lc, &v, zg, zq, zs, k, s->y + j0[i] * LT, &s->ar);
         s->ar.used = mark;
-        k3_experts_batch_put(b, (int)i);
-        j0 += (size_t)k;
+        k3_experts_batch_put(b, (int)q);
     }
     k3_experts_batch_close(&b);
-    free(idv);
+    free(j0), free(slot_of), free(in_call), free(run), free(order);
     return st;
 }
 
@@ -574,6 +614,7 @@ static void xs_drain(xs_srv *s) {
             free(c);
             continue;
         }
+        c->recv_ms = k3_now_ms();
         if (s->tail)
             s->tail->next = c;
         else
@@ -620,7 +661,7 @@ static void xs_serve_one(xs_srv *s) {
     char err[1024];
     k3_status st = xs_check_call(s, &m, &c->fr, err, sizeof err);
     k3_expert_stats es = {0};
-    double t0 = k3_now_ms();
+    double t0 = k3_now_ms(), queued = t0 - c->recv_ms;
     if (!st) st = xs_compute(s, &m, &c->fr, &es, err, sizeof err);
     double ms = k3_now_ms() - t0;
     if (st) {
@@ -656,6 +697,8 @@ static void xs_serve_one(xs_srv *s) {
     x->st.served_hits += es.hits;
     x->st.served_misses += es.misses;
     x->st.served_ms += ms;
+    x->st.served_read_ms += es.read_ms;
+    x->st.served_queue_ms += queued;
     pthread_mutex_unlock(&x->mu);
     s->running = NULL;
     proto_frames_close(&c->fr);
@@ -764,12 +807,19 @@ void wk_xstripe_close(wk_xstripe **xp, k3_model *m) {
     if (m) k3_model_set_moe_remote(m, NULL);
     atomic_store(&x->stop, 1);
     if (x->th_started) pthread_join(x->th, NULL);
+    /* per call: the round trip, and of it the peer's compute (its read
+     * waits included): the rest is the wire, the queue and the wake-ups */
+    double nc = x->st.calls ? (double)x->st.calls : 1, ns = x->st.served ? (double)x->st.served : 1;
     K3_INFO("%s: expert calls: %llu sent from %llu MoE layer steps (%llu outputs gathered, "
-            "%.1f ms waiting), %llu served (%llu refused, %llu bytes read for them)",
+            "%.1f ms waiting); per call %.1f ms round trip, of it %.1f ms the peer's compute "
+            "(%.1f ms its read wait); %llu served (%llu refused, %llu bytes read for them, "
+            "%.1f ms queued behind other calls, %.1f ms computing and %.1f ms waiting on reads "
+            "per call)",
             x->o.name, (unsigned long long)x->st.calls, (unsigned long long)x->st.layers_called,
-            (unsigned long long)x->st.pairs_remote, x->st.gather_wait_ms,
-            (unsigned long long)x->st.served, (unsigned long long)x->st.served_errors,
-            (unsigned long long)x->st.served_bytes);
+            (unsigned long long)x->st.pairs_remote, x->st.gather_wait_ms, x->st.call_rtt_ms / nc,
+            x->st.peer_compute_ms / nc, x->st.peer_read_ms / nc, (unsigned long long)x->st.served,
+            (unsigned long long)x->st.served_errors, (unsigned long long)x->st.served_bytes,
+            x->st.served_queue_ms / ns, x->st.served_ms / ns, x->st.served_read_ms / ns);
     if (x->srv) zmq_close(x->srv);
     for (int d = 0; d < K3_MAX_DIRS; d++) xs_drop_socket(&x->peer[d]);
     k3_zap_close(&x->zap);

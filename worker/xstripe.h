@@ -89,12 +89,17 @@ typedef struct wk_xstripe_stats {
     uint64_t calls;         /* EXPERT_CALLs sent */
     uint64_t pairs_remote;  /* (row, expert) outputs gathered */
     double gather_wait_ms;  /* time finish() waited for answers, all layers */
+    double call_rtt_ms;     /* answered calls: send to answer, summed */
+    double peer_compute_ms; /* their EXPERT_DONE compute_ms (the peer's time on them) */
+    double peer_read_ms;    /* their EXPERT_DONE read_ms (the peer's wait on its drive) */
     /* server side (calls served for other stages) */
     uint64_t served;        /* EXPERT_CALLs answered EXPERT_DONE */
     uint64_t served_errors; /* answered ERROR */
     uint64_t served_bytes;  /* expert bytes read for them */
     uint64_t served_hits, served_misses;
-    double served_ms; /* time computing them */
+    double served_ms;       /* time computing them (read waits included) */
+    double served_read_ms;  /* of it, waiting on expert reads */
+    double served_queue_ms; /* waiting in the queue behind other calls, before that */
 } wk_xstripe_stats;
 void wk_xstripe_get_stats(wk_xstripe *x, wk_xstripe_stats *out);
 

@@ -32,7 +32,9 @@
 # Checkpoint: DRIVES_SLICE (default $CACHE/slice-l5e24: k3_gen slice with 5
 # layers = 1 dense + 4 MoE, 24 experts of real size; generated when
 # missing, 9.1 GB on disk). Layers are split so each worker holds the same
-# number of MoE layers (the dense layer 0 goes with the first).
+# number of MoE layers (the dense layer 0 goes with the first). REPACK=1
+# (default): drives and workers use "$DRIVES_SLICE"_c4, a --bits 4
+# container of it made once (workers load in seconds, same bits).
 # STRIPE=0: the configuration above (each worker's layers on its own drive);
 # STRIPE=1: expert striping (docs/CLUSTER.md): `k3-coordinator place` spreads
 # every MoE layer's experts over the N drives (sparse copies), the workers
@@ -47,7 +49,9 @@
 # layer, so the N workers together hold about SLOTS per layer like the
 # other modes.
 # Default (STRIPE=all): each N run unstriped, striped and cross-worker
-# striped, so the three are measured side by side; STRIPE=both = 0 and 1.
+# striped, so the three are measured side by side; STRIPE=both = 0 and 1;
+# STRIPE=pair = 0 and 2 (the issue's pair: today's layout and the best
+# striped one; with N = 1 the layouts are one, measured once).
 # Everything made here (loop devices, mounts, cgroups, /dev/shm files,
 # worker processes) is removed on exit, failure or interrupt.
 set -euo pipefail
@@ -69,8 +73,8 @@ CACHE_PER=${CACHE_PER:-layer} # layer | worker (see above)
 # oversubscribe the cores when N > cores); split = cores / N (at least 1),
 # as workers on their own NUMA nodes or hosts would have
 WORKER_THREADS=${WORKER_THREADS:-all}
-STRIPE=${STRIPE:-all} # 0 = per-worker drives, 1 = striped over all drives, 2 = cross-worker, both = 0 1, all = 0 1 2
-case $STRIPE in 0) MODES=0 ;; 1) MODES=1 ;; 2) MODES=2 ;; both) MODES="0 1" ;; all) MODES="0 1 2" ;; *) echo "bench-drives: STRIPE=$STRIPE: 0, 1, 2, both or all" >&2; exit 2 ;; esac
+STRIPE=${STRIPE:-all} # 0 = per-worker drives, 1 = striped over all drives, 2 = cross-worker, both = 0 1, pair = 0 2, all = 0 1 2
+case $STRIPE in 0) MODES=0 ;; 1) MODES=1 ;; 2) MODES=2 ;; both) MODES="0 1" ;; pair) MODES="0 2" ;; all) MODES="0 1 2" ;; *) echo "bench-drives: STRIPE=$STRIPE: 0, 1, 2, both, pair or all" >&2; exit 2 ;; esac
 case $WORKER_THREADS in all | split) ;; *) echo "bench-drives: WORKER_THREADS=$WORKER_THREADS: all or split" >&2; exit 2 ;; esac
 case $CACHE_PER in layer | worker) ;; *) echo "bench-drives: CACHE_PER=$CACHE_PER: layer or worker" >&2; exit 2 ;; esac
 LOAD_TIMEOUT=${LOAD_TIMEOUT:-600} # s for the workers to load
@@ -133,9 +137,37 @@ if [ ! -f "$SLICE/config.json" ]; then
     echo "bench-drives: generating the checkpoint in $SLICE (slice, 5 layers, 24 experts)"
     $PY tests/fixtures/k3_gen.py --profile slice --layers 5 --experts 24 --out "$SLICE"
 fi
+# REPACK=1 (default): the drives and workers use a repacked container of the
+# slice (k3-coordinator repack --bits 4: the dense matrices already in the
+# form the workers' default --bits 4 makes at load, experts byte-identical),
+# made once next to the slice ("$SLICE"_c4, 4.4 GB, ~40 s): a worker then
+# loads by reading, in seconds, where quantizing the BF16 slice took
+# minutes. REPACK=0 uses the slice itself.
+REPACK=${REPACK:-1}
+case $REPACK in 0 | 1) ;; *) echo "bench-drives: REPACK=$REPACK: 0 or 1" >&2; exit 2 ;; esac
+SRC=$SLICE
+if [ "$REPACK" = 1 ]; then
+    SRC=${SLICE}_c4
+    make --no-print-directory -s BUILD="$BUILD" "$BUILD/k3-coordinator"
+    # one maker at a time (another user's run may be making it); .tmp until whole
+    exec 9>"$CACHE/.$(basename "$SLICE")_c4.lock"
+    flock 9
+    # a slice generated again after the container was made: make it again
+    if [ -f "$SRC/model.safetensors.index.json" ] &&
+        [ "$SLICE/model.safetensors.index.json" -nt "$SRC/model.safetensors.index.json" ]; then
+        echo "bench-drives: $SLICE is newer than $SRC: repacking again"
+        rm -rf "$SRC"
+    fi
+    if [ ! -f "$SRC/model.safetensors.index.json" ]; then
+        echo "bench-drives: repacking $SLICE into $SRC (--bits 4, once)"
+        "$BUILD/k3-coordinator" repack "$SLICE" "$SRC.tmp" --bits 4 --quiet
+        mv "$SRC.tmp" "$SRC"
+    fi
+    exec 9>&-
+fi
 # the model directory: everything but the decoder layers' shards
 mkdir -p "$T/model"
-for f in "$SLICE"/*; do
+for f in "$SRC"/*; do
     case $f in *.safetensors) ;; *) ln -s "$f" "$T/model/" ;; esac
 done
 # shellcheck disable=SC2016
@@ -183,14 +215,14 @@ for i in range(n_workers):
 # the decoder-layer shards go to the drives; the rest stays in the model dir
 layer_shards=$($PY -c "
 import json, re
-wm = json.load(open('$SLICE/model.safetensors.index.json'))['weight_map']
+wm = json.load(open('$SRC/model.safetensors.index.json'))['weight_map']
 print(' '.join(sorted({f for k, f in wm.items() if re.search(r'(?:^|\.)model\.layers\.\d+\.', k)
                        and not k.startswith(('vision_tower', 'mm_projector'))})))")
-for f in "$SLICE"/*.safetensors; do
+for f in "$SRC"/*.safetensors; do
     case " $layer_shards " in *" $(basename "$f") "*) ;; *) ln -s "$f" "$T/model/" ;; esac
 done
 total=0
-for f in $layer_shards; do total=$((total + $(stat -c %s "$SLICE/$f"))); done
+for f in $layer_shards; do total=$((total + $(stat -c %s "$SRC/$f"))); done
 shm_free=$(($(df -k --output=avail /dev/shm | tail -1) * 1024))
 mem_avail=$(($(awk '/MemAvailable/ {print $2}' /proc/meminfo) * 1024))
 need=$((total + total / 20 + 1024 * 1024 * 1024))
@@ -202,7 +234,7 @@ need=$((total + total / 20 + 1024 * 1024 * 1024))
 # ---- the coordinator-side driver ------------------------------------------
 make --no-print-directory -s BUILD="$BUILD" all "$BUILD/bench/bench_drives"
 
-echo "bench-drives: $SLICE ($((total / 1000000)) MB of layer shards), $(nproc) cores,"\
+echo "bench-drives: $SRC ($((total / 1000000)) MB of layer shards), $(nproc) cores,"\
      "drives of $DRIVE_MBPS MB/s (loop + ext4 in /dev/shm, blkio throttle), $SLOTS expert"\
      "slots per MoE layer $([ "$CACHE_PER" = worker ] && echo "of the model for every worker (CACHE_PER=worker)" || echo "of each worker (CACHE_PER=layer)"),"\
      "prompt $PROMPT, chunk $CHUNK / pipe-chunk $PIPE_CHUNK, worker threads $WORKER_THREADS"
@@ -227,7 +259,7 @@ wait_loaded() {
 # The layer split and budgets (plan) and the compute threads per worker
 # (wthreads) for N workers, set in the caller's locals of those names.
 plan_for() {
-    plan=$($PY -c "$PLAN_PY" "$SLICE" "$1" "$SLOTS" "$CACHE_PER") || return 1
+    plan=$($PY -c "$PLAN_PY" "$SRC" "$1" "$SLOTS" "$CACHE_PER") || return 1
     wthreads=$(nproc)
     if [ "$WORKER_THREADS" = split ]; then
         wthreads=$(($(nproc) / $1))
@@ -255,7 +287,7 @@ run_n() {
         mount -o noatime "$loop" "$T/drive$i"
         MOUNTS+=("$T/drive$i")
         for f in $shards; do  # O_DIRECT both ways: the shard is in RAM once
-            dd if="$SLICE/$f" of="$T/drive$i/$f" bs=16M iflag=direct oflag=direct status=none
+            dd if="$SRC/$f" of="$T/drive$i/$f" bs=16M iflag=direct oflag=direct status=none
         done
         cg=$CG/$TAG.$i
         mkdir "$cg"
@@ -314,7 +346,13 @@ drive() {
     grep -q '^result decodeN' "$T/out$tag" ||
         { echo "bench-drives: the driver failed:"; tail -5 "$T/coord$tag.log";
           for i in "${!PIDS[@]}"; do tail -3 "$T/w$i.log"; done; return 1; }
+    local nw=${#PIDS[@]}
     teardown
+    # STRIPE=2: each worker's expert-call figures, logged as it stops
+    # (round trip per call against the peer's compute and read wait)
+    for i in $(seq 0 $((nw - 1))); do
+        grep -h 'expert calls:' "$T/w$i.log" 2>/dev/null | sed 's/^[^ ]* [^ ]* [^ ]* /  /' || true
+    done
 }
 
 # ---- one striped configuration (STRIPE=1) ------------------------------------
@@ -333,7 +371,7 @@ run_striped() {
     fi
     local t_setup; t_setup=$(date +%s)
     mkdir -p "$T/smodel"
-    for f in "$SLICE"/*; do [ -e "$T/smodel/$(basename "$f")" ] || ln -s "$f" "$T/smodel/"; done
+    for f in "$SRC"/*; do [ -e "$T/smodel/$(basename "$f")" ] || ln -s "$f" "$T/smodel/"; done
     local per=$(((total / N + total / 20) / 1048576 * 1048576 + 256 * 1048576))
     for i in $(seq 0 $((N - 1))); do
         IMGS+=("/dev/shm/$TAG.s$i.img")
@@ -446,25 +484,39 @@ done
 
 # ---- summary ------------------------------------------------------------------
 field() {  # TAG phase key
+    [ -f "$T/out$1" ] || return 0
     awk -v p="$2" -v k="$3" '$1 == "result" && $2 == p {
         for (i = 3; i <= NF; i++) { split($i, kv, "="); if (kv[1] == k) print kv[2] } }' "$T/out$1"
 }
+# The issue's ratios side by side (docs/PERFORMANCE.md "Expert striping"):
+# every figure against the 1-drive figure of the same run (N = 1 is one
+# layout, measured once), the N-session rate against STRIPE=0 at the same N.
 echo
-echo "bench-drives: summary ($DRIVE_MBPS MB/s per drive, $(nproc) cores; x1 = figure / 1-drive figure"\
-     "of the same STRIPE, /N = x1 / drives; targets: prefill and N-session >= 0.85 x N,"\
-     "striped 1-session decode speed >= 0.8 x N)"
-printf '  %-7s %-6s | %13s %5s %5s  %-16s | %11s %5s %5s  %-16s | %15s %5s %5s  %-16s\n' drives stripe \
-       "prefill tok/s" x1 /N bound "1-sess ms/t" x1 /N bound "N-sess tok/s" x1 /N bound
-for m in $MODES; do
-    base_p="" base_d="" base_1=""
-    for n in $NS; do
-        p=$(field "$n.$m" prefill value) d1=$(field "$n.$m" decode1 value) dn=$(field "$n.$m" decodeN value)
-        [ -n "$base_p" ] || { base_p=$p; base_d=$dn; base_1=$d1; }
-        awk -v n="$n" -v m="$m" -v p="$p" -v bp="$base_p" -v d1="$d1" -v b1="$base_1" -v dn="$dn" -v bd="$base_d" \
-            -v pb="$(field "$n.$m" prefill bound)" -v db="$(field "$n.$m" decode1 bound)" \
-            -v nb="$(field "$n.$m" decodeN bound)" 'BEGIN {
-            printf "  %-7s %-6s | %13.2f %5.2f %5.2f  %-16s | %11.0f %5.2f %5.2f  %-16s | %15.3f %5.2f %5.2f  %-16s\n",
-                n, m, p, p / bp, p / bp / n, pb, d1, b1 / d1, b1 / d1 / n, db, dn, dn / bd, dn / bd / n, nb }'
+echo "bench-drives: the issue's ratios ($DRIVE_MBPS MB/s per drive, $(nproc) cores, $SLOTS slots per MoE"\
+     "layer; x1 = against 1 drive; targets: decode1 speed >= 0.8 x N, prefill >= 0.85 x N,"\
+     "N-session striped / unstriped >= 1.0; decode1 columns: busiest drive's share,"\
+     "gather wait ms per MoE layer step (of it on stripe peers), per-drive GB/s)"
+printf '  %-3s %-3s | %8s %5s %-9s | %8s %5s %-9s | %8s %5s %-9s | %5s %13s  %s\n' N mode \
+       "prefill" x1 "0.85N" "decode1" x1 "0.8N" "decodeN" "/S=0" ">=1.0" share "wait (peer)" "GB/s per drive"
+printf '  %-3s %-3s | %8s %5s %-9s | %8s %5s %-9s | %8s %5s %-9s |\n' "" "" "tok/s" "" "" "ms/tok" "" "" "tok/s" "" ""
+p1=$(field 1.0 prefill value) d11=$(field 1.0 decode1 value)
+for n in $NS; do
+    for m in $MODES; do
+        [ "$n" = 1 ] && [ "$m" != 0 ] && continue
+        awk -v n="$n" -v m="$m" -v p="$(field "$n.$m" prefill value)" -v p1="$p1" \
+            -v d1="$(field "$n.$m" decode1 value)" -v d11="$d11" \
+            -v dn="$(field "$n.$m" decodeN value)" -v dn0="$(field "$n.0" decodeN value)" \
+            -v sh="$(field "$n.$m" decode1 busiest_share)" -v w="$(field "$n.$m" decode1 wait_ms_per_layer)" \
+            -v pw="$(field "$n.$m" decode1 peer_wait_ms_per_layer)" -v g="$(field "$n.$m" decode1 drive_gbps)" '
+            function verdict(r, t) { return r == "" ? "-" : sprintf("%s %.2f", r >= t ? "pass" : "FAIL", t) }
+            BEGIN {
+                rp = (p != "" && p1 != "") ? p / p1 : ""; rd = (d1 != "" && d11 != "") ? d11 / d1 : ""
+                rn = (dn != "" && dn0 != "" && m != 0) ? dn / dn0 : ""
+                vp = n > 1 ? verdict(rp, 0.85 * n) : "-"; vd = n > 1 ? verdict(rd, 0.8 * n) : "-"
+                vn = (m != 0) ? verdict(rn, 1.0) : "-"
+                printf "  %-3s %-3s | %8.3f %5s %-9s | %8.0f %5s %-9s | %8.3f %5s %-9s | %5.3f %6.1f (%4.1f)  %s\n",
+                    n, m, p, rp == "" ? "-" : sprintf("%.2f", rp), vp, d1, rd == "" ? "-" : sprintf("%.2f", rd), vd,
+                    dn, rn == "" ? "-" : sprintf("%.2f", rn), vn, sh, w, pw, g }'
     done
 done
 echo "  prefill wall time vs its drive floor (the busiest drive's bytes at the throttle: the time"\

@@ -199,11 +199,13 @@ static void report(const char *phase, const snap *a, const snap *b, int tokens, 
         read_sum += y->read_ms - x->read_ms;
         gather_sum += y->gather_ms - x->gather_ms; /* waits on stripe peers (STRIPE=2) */
         if (occ > occ_max) occ_max = occ;
-        printf("  stage %d layers [%d, %d): %llu steps, compute %.2f s, expert-read wait %.2f s, "
+        /* the stage's compute time holds its waits on stripe peers (STRIPE=2) */
+        printf("  stage %d layers [%d, %d): %llu steps, compute %.2f s (of it %.2f s waiting on "
+               "stripe peers), expert-read wait %.2f s, "
                "occupied %.2f s (%.0f %% of wall), %.3f GB experts read, %llu hit / %llu miss",
                i, y->layer_a, y->layer_b, (unsigned long long)(y->forwards - x->forwards),
-               (y->busy_ms - x->busy_ms) / 1000.0, (y->read_ms - x->read_ms) / 1000.0,
-               (y->occupied_ms - x->occupied_ms) / 1000.0,
+               (y->busy_ms - x->busy_ms) / 1000.0, (y->gather_ms - x->gather_ms) / 1000.0,
+               (y->read_ms - x->read_ms) / 1000.0, (y->occupied_ms - x->occupied_ms) / 1000.0,
                (y->occupied_ms - x->occupied_ms) / 10.0 / wall_s,
                (double)(y->bytes_read - x->bytes_read) / 1e9,
                (unsigned long long)(y->hits - x->hits),

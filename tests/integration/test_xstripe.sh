@@ -274,8 +274,9 @@ curve
 K3_LOG=info "$C" --model "$TINY" --ids "$IDS" --ngen 300 --print-ids --threads 1 --usage off \
     --local 2 --stripe-remote --placement "$T/p4.json" --hb-ms $HB >"$T/lk.out" 2>"$T/lk.err" &
 CP=$!
-for _ in $(seq 300); do grep -q 'stage 1: worker' "$T/lk.err" && break; sleep 0.1; done
-sleep 0.3
+# the kill lands in the decode: right after the prompt's chunk is logged
+# (300 tokens decode in ~0.5 s on an idle host, so a fixed delay can miss it)
+for _ in $(seq 600); do grep -q 'prefill: chunk' "$T/lk.err" && break; sleep 0.05; done
 W1=$(ps -o pid=,args= --ppid $CP | grep -- '--name local1' | awk '{print $1}')
 [ -n "$W1" ] && kill -9 "$W1"
 wait $CP
