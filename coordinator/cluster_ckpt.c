@@ -215,6 +215,12 @@ k3_status cl_tr_state_load(k3_trunk *t, void *state, FILE *f, int pos, uint64_t 
                        "cluster: RESTORE: a parked checkpoint at %d (key %llx) outside the "
                        "session's [1, %d]",
                        pos, (unsigned long long)key, x->max_ctx);
+    /* a restarted worker may still be registering: wait as a step would */
+    k3_status st = k3_cluster_wait_ready(c, c->o.request_wait_ms, err, errlen);
+    if (st) {
+        k3_err_prefix(err, errlen, "cluster: RESTORE");
+        return st;
+    }
     return ckpt_op(c, x, PROTO_MSG_RESTORE, pos, 0, key, 1, err, errlen);
 }
 
