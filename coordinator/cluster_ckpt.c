@@ -11,6 +11,13 @@
  * drops them all. A save or restore that fails on any worker fails as a
  * whole: the session then replays (generate.c), which is always exact.
  *
+ * Parked on disk (1.3, PROTOCOL.md "Parked on disk"): a checkpoint taken
+ * with a key is parked by every worker that has a --ckpt-dir, and
+ * cl_tr_state_load (the trunk's state_load, called by coordinator/ckpt_dir.c
+ * for a file of ids the coordinator parked) sends RESTORE with the key to
+ * every worker whatever it holds for the session, which makes the session
+ * whole at the position or, on any failure, resets it.
+ *
  * Borrows: the cluster. Threads: the caller waits on the cluster's mutex
  * while the I/O thread sends the requests and collects the answers (the
  * sockets are the I/O thread's).
