@@ -52,8 +52,8 @@ k3_status k3_ckpt_store_open(k3_ckpt_store **out, const char *dir, const char *w
     size_t len = strlen(dir);
     if (len == 0 || len + NAME_LEN + 2 >= K3_MAX_PATH)
         return k3_errf(K3_ERR_ARG, err, errlen,
-                       "%s: path of %zu bytes: expected 1..%d (K3_MAX_PATH less a file name)",
-                       what, len, K3_MAX_PATH - NAME_LEN - 3);
+                       "%s: path of %zu bytes: expected 1..%d (K3_MAX_PATH less a file name)", what,
+                       len, K3_MAX_PATH - NAME_LEN - 3);
     if (max_files < 1 || max_bytes < 1)
         return k3_errf(K3_ERR_ARG, err, errlen,
                        "%s: %d files and %" PRIu64 " bytes kept, need >= 1 of each", what,
@@ -212,8 +212,8 @@ k3_status k3_ckpt_store_save(k3_ckpt_store *d, uint64_t key, int pos, const int3
     if (fclose(f) != 0 && !st)
         st = k3_errf(K3_ERR_IO, err, errlen, "%s: close %s: %s", d->what, tmp, strerror(errno));
     if (!st && rename(tmp, path) != 0)
-        st = k3_errf(K3_ERR_IO, err, errlen, "%s: rename to %s: %s", d->what, path,
-                     strerror(errno));
+        st =
+            k3_errf(K3_ERR_IO, err, errlen, "%s: rename to %s: %s", d->what, path, strerror(errno));
     if (st) {
         unlink(tmp);
         return st;
