@@ -207,7 +207,7 @@ static void park(wk_sessions *t, wk_slot *s, int pos, uint64_t key) {
         K3_WARN("checkpoint of session %llu at %d not parked on disk: %s",
                 (unsigned long long)s->id, pos, err);
     else
-        K3_DEBUG("checkpoint of session %llu at %d parked: %llu bytes in %.1f ms",
+        K3_INFO("checkpoint of session %llu at %d parked: %llu bytes in %.1f ms",
                  (unsigned long long)s->id, pos, (unsigned long long)bytes, k3_now_ms() - t0);
 }
 
