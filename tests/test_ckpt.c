@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "common/base/log.h"
+#include "common/engine/ckpt_store.h"
 #include "common/engine/stage.h"
 #include "coordinator/cluster.h"
 #include "coordinator/engine.h"
@@ -450,6 +451,105 @@ static void worker_restart_parked(void) {
     (void)rc;
 }
 
+static k3_status dump_zeros(void *ctx, FILE *f, char *err, size_t errlen) {
+    size_t n = *(size_t *)ctx;
+    for (size_t i = 0; i < n; i++)
+        if (fputc(0, f) == EOF) return k3_errf(K3_ERR_IO, err, errlen, "write");
+    return K3_OK;
+}
+
+static k3_status load_count(void *ctx, FILE *f, int pos, char *err, size_t errlen) {
+    (void)pos, (void)err, (void)errlen;
+    int n = 0;
+    while (fgetc(f) != EOF) n++;
+    *(int *)ctx = n;
+    return K3_OK;
+}
+
+/* The store itself (common/engine/ckpt_store.h): bounds on files and bytes
+ * (the oldest pruned), no .tmp left, a file refused for another key,
+ * position, layer range or model, each naming the file. */
+static void store_unit(void) {
+    char dir[] = "/tmp/k3_test_ckpt_store_XXXXXX", err[768];
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    k3_ckpt_store *d = NULL;
+    k3_status st =
+        k3_ckpt_store_open(&d, dir, "--ckpt-dir", 0x1234, 0, 4, 3, 1 << 20, err, sizeof err);
+    CHECK(st == K3_OK, "store: opens %s (%s)", dir, err);
+    if (st) return;
+    size_t pay = 100;
+    int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (int p = 1; p <= 5 && !st; p++) {
+        st = k3_ckpt_store_save(d, k3_ckpt_key(0x1234, ids, p), p, NULL, pay, dump_zeros, &pay, err,
+                                sizeof err);
+        usleep(10000); /* distinct mtimes */
+    }
+    int nf = count_files(dir);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "ls -a %s | grep -c tmp", dir);
+    FILE *pp = popen(cmd, "r");
+    int ntmp = -1;
+    if (pp && fscanf(pp, "%d", &ntmp) != 1) ntmp = -1;
+    if (pp) pclose(pp);
+    char path[K3_MAX_PATH + 40];
+    int pos = 0;
+    int found = k3_ckpt_store_find(d, ids, 8, 0, 64, path, sizeof path, &pos);
+    int oldest = k3_ckpt_store_find(d, ids, 3, 0, 64, path, sizeof path, &pos); /* p < 3: gone */
+    CHECK(st == K3_OK && nf == 3 && ntmp == 0 && found && !oldest,
+          "store: 5 saves with 3 files kept leave the newest 3, no .tmp (%d files, %d tmp; %s)", nf,
+          ntmp, err);
+    k3_ckpt_store_find(d, ids, 8, 0, 64, path, sizeof path, &pos);
+    int got = -1;
+    st = k3_ckpt_store_load(d, path, k3_ckpt_key(0x1234, ids, 5), 5, NULL, pay, load_count, &got,
+                            err, sizeof err);
+    CHECK(st == K3_OK && pos == 5 && got == (int)pay,
+          "store: the deepest (5) loads its %d payload bytes", got);
+    st = k3_ckpt_store_load(d, path, k3_ckpt_key(0x1234, ids, 4), 5, NULL, pay, load_count, &got,
+                            err, sizeof err);
+    CHECK(st == K3_ERR_FORMAT && strstr(err, path) && strstr(err, "expected"),
+          "store: another key refused naming the file: '%s'", err);
+    st = k3_ckpt_store_load(d, path, k3_ckpt_key(0x1234, ids, 5), 5, NULL, pay + 4, load_count,
+                            &got, err, sizeof err);
+    CHECK(st == K3_ERR_FORMAT && strstr(err, "file bytes"),
+          "store: another payload size refused before reading: '%s'", err);
+    k3_ckpt_store *o = NULL;
+    st = k3_ckpt_store_open(&o, dir, "--ckpt-dir", 0x1234, 4, 8, 3, 1 << 20, err, sizeof err);
+    st = st ? st
+            : k3_ckpt_store_load(o, path, k3_ckpt_key(0x1234, ids, 5), 5, NULL, pay, load_count,
+                                 &got, err, sizeof err);
+    CHECK(st == K3_ERR_MISMATCH && strstr(err, "layers [0, 4)"),
+          "store: a file of layers [0, 4) refused by a store of [4, 8): '%s'", err);
+    k3_ckpt_store_close(&o);
+    st = k3_ckpt_store_open(&o, dir, "--ckpt-dir", 0x9999, 0, 4, 3, 1 << 20, err, sizeof err);
+    st = st ? st
+            : k3_ckpt_store_load(o, path, k3_ckpt_key(0x1234, ids, 5), 5, NULL, pay, load_count,
+                                 &got, err, sizeof err);
+    CHECK(st == K3_ERR_MISMATCH && strstr(err, "model fingerprint"),
+          "store: a file of another model refused: '%s'", err);
+    k3_ckpt_store_close(&o);
+    /* a byte bound: 2 files of 148 bytes fit in 300, a third prunes one;
+     * a payload larger than the bound is refused */
+    st = k3_ckpt_store_open(&o, dir, "--ckpt-dir", 0x1234, 0, 4, 100, 300, err, sizeof err);
+    if (!st)
+        st = k3_ckpt_store_save(o, k3_ckpt_key(0x1234, ids, 6), 6, NULL, pay, dump_zeros, &pay, err,
+                                sizeof err);
+    nf = count_files(dir);
+    size_t big = 400;
+    k3_status sb = o ? k3_ckpt_store_save(o, k3_ckpt_key(0x1234, ids, 7), 7, NULL, big, dump_zeros,
+                                          &big, err, sizeof err)
+                     : K3_ERR_STATE;
+    CHECK(st == K3_OK && nf == 2 && sb == K3_ERR_LIMIT && strstr(err, "larger than"),
+          "store: 300 bytes kept hold 2 files of 148 (%d), a 448-byte one refused: '%s'", nf, err);
+    k3_ckpt_store_close(&o);
+    k3_ckpt_store_close(&d);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    int rc = system(cmd);
+    (void)rc;
+}
+
 int main(void) {
     k3_log_init("test_ckpt");
     /* the full replay: a fresh session fed A + Y from position 0 */
@@ -506,6 +606,7 @@ int main(void) {
     }
     k3_engine_close(&e);
 
+    store_unit();
     parked(0);
     parked(2);
     worker_restart_parked();
