@@ -208,7 +208,7 @@ static void park(wk_sessions *t, wk_slot *s, int pos, uint64_t key) {
                 (unsigned long long)s->id, pos, err);
     else
         K3_INFO("checkpoint of session %llu at %d parked: %llu bytes in %.1f ms",
-                 (unsigned long long)s->id, pos, (unsigned long long)bytes, k3_now_ms() - t0);
+                (unsigned long long)s->id, pos, (unsigned long long)bytes, k3_now_ms() - t0);
 }
 
 k3_status wk_sessions_checkpoint(wk_sessions *t, uint64_t id, int pos, int keep, uint64_t key,
