@@ -305,7 +305,10 @@ static void parked(int local) {
     rows lg_ref = {0}, lg3 = {0};
     g_ckpt_dir = dir;
     k3_engine *e = open_engine(2, local, NULL, 0, 0);
-    if (!e) return;
+    if (!e) {
+        rmdir(dir);
+        return;
+    }
     k3_status st = gen(e, 1, A, 12, NULL, &t1, &r);
     memcpy(turn2, A, sizeof A);
     memcpy(turn2 + 12, t1.v, 3 * sizeof(int32_t));
@@ -409,7 +412,10 @@ static void worker_restart_parked(void) {
     g_ckpt_dir = dir;
     k3_engine *e = open_engine(2, 2, NULL, 0, 0);
     g_ckpt_dir = NULL;
-    if (!e) return;
+    if (!e) {
+        rmdir(dir);
+        return;
+    }
     k3_engine_result r;
     toks t1, t2, t3;
     rows lg = {0};
