@@ -747,7 +747,8 @@ static void handle_ctl(k3_cluster *c, cl_ctl *x) {
     cl_req *r = k3_xcalloc(1, sizeof *r);
     proto_msg_init(&r->msg, x->type, ++c->next_id, s->epoch);
     if (ck) /* cluster_ckpt.c */
-        r->msg.u.ckpt = (proto_ckpt){.session = x->session, .pos = x->n, .keep = x->keep};
+        r->msg.u.ckpt =
+            (proto_ckpt){.session = x->session, .pos = x->n, .keep = x->keep, .key = x->key};
     r->ctl = x;
     if (send_req(c, s, r, NULL, NULL, 0, err, sizeof err)) ctl_finish(c, x, K3_ERR_IO, err);
 }
@@ -1374,6 +1375,7 @@ static const k3_trunk_ops cluster_ops = {
     .ckpt_save = cl_tr_ckpt_save,
     .ckpt_restore = cl_tr_ckpt_restore,
     .ckpt_free = cl_tr_ckpt_free,
+    .state_load = cl_tr_state_load,
     .close = tr_close,
 };
 

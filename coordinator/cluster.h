@@ -122,12 +122,15 @@ typedef struct k3_cluster_opts {
     const char *worker_bin;         /* NULL: k3-worker next to this program (k3_worker_bin) */
     const char *const *worker_args; /* extra arguments for every local worker, borrowed */
     int n_worker_args;
-    int worker_threads; /* --threads of each local worker, 0 = the model's threads */
-    int max_sessions;   /* --max-sessions of local workers, 0 = worker default */
-    int max_ctx;        /* --max-ctx of local workers, 0 = worker default */
-    int stripe_remote;  /* with a placement: local worker i reads and serves the drives
-                           d % local == i for every MoE layer and calls the others for
-                           the rest (worker/xstripe.h); 0 = each reads every drive */
+    int worker_threads;   /* --threads of each local worker, 0 = the model's threads */
+    int max_sessions;     /* --max-sessions of local workers, 0 = worker default */
+    int max_ctx;          /* --max-ctx of local workers, 0 = worker default */
+    const char *ckpt_dir; /* local workers park turn checkpoints in ckpt_dir/w<i>-<a>-<b>
+                             (their --ckpt-dir), NULL = in memory only */
+    int ckpt_files;       /* their --ckpt-files when ckpt_dir is set, 0 = worker default */
+    int stripe_remote;    /* with a placement: local worker i reads and serves the drives
+                             d % local == i for every MoE layer and calls the others for
+                             the rest (worker/xstripe.h); 0 = each reads every drive */
     /* Liveness and scheduling */
     int hb_ms;              /* heartbeat interval (TTL = 3 x hb_ms), K3_LINK_HB_MS_MIN..MAX */
     int step_timeout_ms;    /* a worker silent this long with work pending is stalled */

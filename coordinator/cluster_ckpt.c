@@ -11,6 +11,13 @@
  * drops them all. A save or restore that fails on any worker fails as a
  * whole: the session then replays (generate.c), which is always exact.
  *
+ * Parked on disk (1.3, PROTOCOL.md "Parked on disk"): a checkpoint taken
+ * with a key is parked by every worker that has a --ckpt-dir, and
+ * cl_tr_state_load (the trunk's state_load, called by coordinator/ckpt_dir.c
+ * for a file of ids the coordinator parked) sends RESTORE with the key to
+ * every worker whatever it holds for the session, which makes the session
+ * whole at the position or, on any failure, resets it.
+ *
  * Borrows: the cluster. Threads: the caller waits on the cluster's mutex
  * while the I/O thread sends the requests and collects the answers (the
  * sockets are the I/O thread's).
@@ -24,6 +31,7 @@
 
 typedef struct cl_ckpt { /* the coordinator's handle */
     int pos;             /* the session's position when taken */
+    uint64_t key;        /* its key when parked on disk too (1.3), else 0 */
 } cl_ckpt;
 
 /* c->mu held: is every worker state of x usable for a checkpoint op? */
@@ -54,27 +62,59 @@ static k3_status sess_usable(k3_cluster *c, const cl_sess *x, const char *what, 
     return K3_OK;
 }
 
+/* c->mu held: can x load a parked checkpoint? Every worker registered and
+ * speaking 1.3 (RESTORE by key), the session idle. Whatever state the
+ * workers hold for it is replaced. */
+static k3_status parked_usable(k3_cluster *c, const cl_sess *x, char *err, size_t errlen) {
+    if (c->stopping) return k3_errf(K3_ERR_CANCEL, err, errlen, "cluster: RESTORE: closing");
+    if (x->busy)
+        return k3_errf(K3_ERR_STATE, err, errlen,
+                       "cluster: RESTORE: the session is running a step");
+    char lab[512];
+    for (int p = 0; p < c->n; p++) {
+        const cl_stage *s = &c->st[c->order[p]];
+        if (s->state != LINK_READY)
+            return k3_errf(K3_ERR_STATE, err, errlen, "cluster: RESTORE: %s is not registered",
+                           cl_stage_label(s, lab, sizeof lab));
+        if (s->ver_minor < 3)
+            return k3_errf(K3_ERR_MISMATCH, err, errlen,
+                           "cluster: RESTORE: %s speaks protocol 1.%d, a parked checkpoint needs "
+                           "1.3",
+                           cl_stage_label(s, lab, sizeof lab), s->ver_minor);
+    }
+    return K3_OK;
+}
+
 /* Sends type (CHECKPOINT or RESTORE) for x at pos to every worker and waits
- * for every answer (bounded by the step deadline). c->mu is not held. */
-static k3_status ckpt_op(k3_cluster *c, cl_sess *x, proto_type type, int pos, int keep, char *err,
-                         size_t errlen) {
+ * for every answer (bounded by the step deadline). key: the checkpoint's
+ * key (0 = none); parked: a RESTORE of a checkpoint parked under key, sent
+ * whatever the workers hold (a new epoch, an evicted or reset session),
+ * which makes the session whole at pos on success. c->mu is not held. */
+static k3_status ckpt_op(k3_cluster *c, cl_sess *x, proto_type type, int pos, int keep,
+                         uint64_t key, int parked, char *err, size_t errlen) {
     const char *tn = proto_type_name(type);
     cl_ctl *xs = k3_xcalloc((size_t)c->n, sizeof *xs);
     pthread_mutex_lock(&c->mu);
-    k3_status st = sess_usable(c, x, tn, err, errlen);
+    k3_status st = parked ? parked_usable(c, x, err, errlen) : sess_usable(c, x, tn, err, errlen);
     if (st) {
         pthread_mutex_unlock(&c->mu);
         free(xs);
         return st;
+    }
+    if (parked) {    /* the workers may create the session: it must be reset if this fails */
+        x->busy = 1; /* no step meanwhile */
+        x->used = 1;
+        x->reset_pending = 0; /* RESTORE by key replaces the state wholesale */
     }
     for (int p = 0; p < c->n; p++) {
         cl_ctl *q = &xs[p];
         q->stage = p;
         q->type = type;
         q->session = x->id;
-        q->epoch = x->epoch[p];
+        q->epoch = parked ? c->st[c->order[p]].epoch : x->epoch[p];
         q->n = (uint32_t)pos;
         q->keep = (uint32_t)keep;
+        q->key = key;
         q->next = c->ctl_in;
         c->ctl_in = q;
     }
@@ -119,12 +159,23 @@ static k3_status ckpt_op(k3_cluster *c, cl_sess *x, proto_type type, int pos, in
                          cl_stage_label(&c->st[c->order[p]], lab, sizeof lab), xs[p].err);
         }
     if (!st && type == PROTO_MSG_RESTORE) x->pos = pos;
+    if (parked) {
+        x->busy = 0;
+        if (st) { /* whatever some workers loaded goes: reset before the next step */
+            x->pos = 0;
+            x->reset_pending = 1;
+        } else { /* whole again: every worker holds it in the epoch it was sent in */
+            x->broken = x->lost = 0;
+            for (int p = 0; p < c->n; p++) x->epoch[p] = xs[p].epoch;
+        }
+    }
     pthread_mutex_unlock(&c->mu);
     free(xs);
     return st;
 }
 
-k3_status cl_tr_ckpt_save(k3_trunk *t, void *state, int keep, void **ck, char *err, size_t errlen) {
+k3_status cl_tr_ckpt_save(k3_trunk *t, void *state, int keep, uint64_t key, void **ck, char *err,
+                          size_t errlen) {
     k3_cluster *c = t->impl;
     cl_sess *x = state;
     *ck = NULL;
@@ -136,10 +187,11 @@ k3_status cl_tr_ckpt_save(k3_trunk *t, void *state, int keep, void **ck, char *e
     if (keep < 1 || keep > K3_MAX_CKPT)
         return k3_errf(K3_ERR_ARG, err, errlen, "cluster: CHECKPOINT: keep %d outside [1, %d]",
                        keep, K3_MAX_CKPT);
-    k3_status st = ckpt_op(c, x, PROTO_MSG_CHECKPOINT, pos, keep, err, errlen);
+    k3_status st = ckpt_op(c, x, PROTO_MSG_CHECKPOINT, pos, keep, key, 0, err, errlen);
     if (st) return st;
     cl_ckpt *h = k3_xcalloc(1, sizeof *h);
     h->pos = pos;
+    h->key = key;
     *ck = h;
     return K3_OK;
 }
@@ -155,7 +207,28 @@ k3_status cl_tr_ckpt_restore(k3_trunk *t, void *state, const void *ck, char *err
         return k3_errf(K3_ERR_STATE, err, errlen,
                        "cluster: RESTORE: the checkpoint at %d is past the session's %d", h->pos,
                        pos);
-    return ckpt_op(c, x, PROTO_MSG_RESTORE, h->pos, 0, err, errlen);
+    /* the key lets a worker that lost this one from memory (its budget)
+     * load it from its disk */
+    return ckpt_op(c, x, PROTO_MSG_RESTORE, h->pos, 0, h->key, 0, err, errlen);
+}
+
+k3_status cl_tr_state_load(k3_trunk *t, void *state, FILE *f, int pos, uint64_t key, char *err,
+                           size_t errlen) {
+    (void)f; /* the coordinator's file holds the ids only: the state is on the workers */
+    k3_cluster *c = t->impl;
+    cl_sess *x = state;
+    if (pos < 1 || pos > x->max_ctx || key == 0)
+        return k3_errf(K3_ERR_ARG, err, errlen,
+                       "cluster: RESTORE: a parked checkpoint at %d (key %llx) outside the "
+                       "session's [1, %d]",
+                       pos, (unsigned long long)key, x->max_ctx);
+    /* a restarted worker may still be registering: wait as a step would */
+    k3_status st = k3_cluster_wait_ready(c, c->o.request_wait_ms, err, errlen);
+    if (st) {
+        k3_err_prefix(err, errlen, "cluster: RESTORE");
+        return st;
+    }
+    return ckpt_op(c, x, PROTO_MSG_RESTORE, pos, 0, key, 1, err, errlen);
 }
 
 /* The workers drop their copies themselves (see the top of this file). */

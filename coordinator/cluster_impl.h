@@ -15,6 +15,7 @@
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "coordinator/cluster.h"
 #include "proto/link.h"
@@ -122,6 +123,7 @@ typedef struct cl_ctl { /* a control request from a caller thread */
     uint64_t session;   /* SESSION_DROP, CHECKPOINT, RESTORE: the session */
     uint64_t epoch;     /* the same: only while the link is in this epoch */
     uint32_t n, keep;   /* CHECKPOINT, RESTORE: position; CHECKPOINT: count kept */
+    uint64_t key;       /* CHECKPOINT, RESTORE: the parked checkpoint's key (1.3), 0 = none */
     int owned;          /* nobody waits: the I/O thread frees it */
     int done;
     k3_status st;
@@ -193,7 +195,12 @@ int cl_local_reap(k3_cluster *c, int i, char *why, size_t cap);
 
 /* cluster_ckpt.c: the trunk's checkpoint operations (generate.h) on the
  * workers (CHECKPOINT / RESTORE, PROTOCOL.md "Checkpoints"). */
-k3_status cl_tr_ckpt_save(k3_trunk *t, void *state, int keep, void **ck, char *err, size_t errlen);
+k3_status cl_tr_ckpt_save(k3_trunk *t, void *state, int keep, uint64_t key, void **ck, char *err,
+                          size_t errlen);
+/* A checkpoint parked under key at pos (RESTORE with the key on every
+ * worker, each from memory or its --ckpt-dir); f is unused. */
+k3_status cl_tr_state_load(k3_trunk *t, void *state, FILE *f, int pos, uint64_t key, char *err,
+                           size_t errlen);
 k3_status cl_tr_ckpt_restore(k3_trunk *t, void *state, const void *ck, char *err, size_t errlen);
 void cl_tr_ckpt_free(k3_trunk *t, void **ck);
 

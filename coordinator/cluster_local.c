@@ -181,6 +181,8 @@ static int local_argc(const k3_cluster *c) {
     n += c->o.exact ? 1 : 0;
     n += c->o.max_sessions > 0 ? 2 : 0;
     n += c->o.max_ctx > 0 ? 2 : 0;
+    n += c->o.ckpt_dir ? 2 : 0;
+    n += c->o.ckpt_dir && c->o.ckpt_files > 0 ? 2 : 0;
     n += mo->n_dirs > 0 ? 2 : 0;
     n += mo->placement ? 2 : 0;
     n += mo->vk ? 5 : 0;
@@ -237,6 +239,13 @@ static void local_argv(const k3_cluster *c, int i, int a, int b, const char *bin
     if (c->o.exact) av_add(av, "--exact");
     if (c->o.max_sessions > 0) av_add(av, "--max-sessions"), av_addf(av, "%d", c->o.max_sessions);
     if (c->o.max_ctx > 0) av_add(av, "--max-ctx"), av_addf(av, "%d", c->o.max_ctx);
+    if (c->o.ckpt_dir) { /* its own directory: a restart finds its layers' files again */
+        char cd[K3_MAX_PATH + 64];
+        cl_fmt(cd, sizeof cd, "%s/w%d-%d-%d", c->o.ckpt_dir, i, a, b);
+        av_add(av, "--ckpt-dir"), av_add(av, cd);
+    }
+    if (c->o.ckpt_dir && c->o.ckpt_files > 0)
+        av_add(av, "--ckpt-files"), av_addf(av, "%d", c->o.ckpt_files);
     if (mo->n_dirs > 0) av_add(av, "--dirs"), av_add(av, dirs);
     if (mo->placement) av_add(av, "--placement"), av_add(av, mo->placement);
     if (mo->vk) { /* one device shared by the local workers: the budget split */

@@ -70,7 +70,8 @@ k3_status k3_cluster_generate(k3_cluster *c, k3_session *s, const int32_t *promp
         memcpy(feed + n, rec.ids, sizeof(int32_t) * (size_t)rec.n);
         k3_gen_result r;
         st = k3_generate(s, feed, n + rec.n, &o, &r, err, errlen);
-        if (attempt == 0) res->n_reused = r.n_reused; /* a replay reuses nothing */
+        res->n_reused = r.n_reused; /* the last attempt's: a replay reuses what it restored
+                                       (a parked checkpoint, --ckpt-dir), else nothing */
         res->n_prefilled += r.n_prefilled;
         res->n_gen += r.n_gen;
         res->stop = r.stop;

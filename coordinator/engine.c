@@ -130,6 +130,10 @@ static k3_status open_trunk(k3_engine *e, const k3_engine_open_opts *o, char *er
         return k3_trunk_open_inproc(&e->trunk, e->model, err, errlen);
     k3_cluster_opts co = o->cluster;
     co.model = &e->mo;
+    if (o->ckpt_dir && o->ckpt_dir[0] && o->ckpt > 0) { /* local workers park theirs beside */
+        co.ckpt_dir = o->ckpt_dir;
+        co.ckpt_files = o->n_sessions * o->ckpt;
+    }
     co.exact = o->eng->exact;
     if (o->want_trace)
         K3_WARN("--trace with workers: only each stage's last layer is traced (use --local 0 "
@@ -160,13 +164,11 @@ k3_status k3_engine_open(k3_engine **out, const k3_engine_open_opts *o, char *er
     if (!st) st = open_tokenizer(e, err, errlen);
     if (!st) st = open_trunk(e, o, err, errlen);
     if (!st && o->ckpt_dir && o->ckpt_dir[0] && e->ckpt > 0) {
-        if (e->cluster)
-            K3_WARN("--ckpt-dir %s: checkpoints are parked on disk in-process only (--local 0); "
-                    "the workers keep theirs in memory",
-                    o->ckpt_dir);
-        else
-            st = k3_ckpt_dir_open(&e->store, o->ckpt_dir, k3_model_fingerprint(e->model),
-                                  e->n_slots * e->ckpt, err, errlen);
+        /* in process the files hold the whole state; with workers the ids
+         * only, each worker parking its layers in its own --ckpt-dir */
+        int last = e->cluster ? 0 : k3_model_config(e->model)->n_layers;
+        st = k3_ckpt_dir_open(&e->store, o->ckpt_dir, k3_model_fingerprint(e->model), 0, last,
+                              e->n_slots * e->ckpt, err, errlen);
     } else if (!st && o->ckpt_dir && o->ckpt_dir[0]) {
         K3_WARN("--ckpt-dir %s without --ckpt N: nothing is parked", o->ckpt_dir);
     }

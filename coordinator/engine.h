@@ -65,8 +65,9 @@ typedef struct k3_engine_open_opts {
     int resume_wait_ms;   /* how long a replay waits for the cluster to be whole */
     int ckpt;             /* turn checkpoints per session (generate.h), 0 = none; with workers
                              they live on the workers (PROTOCOL.md "Checkpoints") */
-    const char *ckpt_dir; /* --ckpt-dir: checkpoints parked on disk too (in-process), NULL =
-                             none; a restarted engine resumes from them (coordinator/ckpt_dir.h) */
+    const char *ckpt_dir; /* --ckpt-dir: checkpoints parked on disk too, NULL = none; a
+                             restarted engine resumes from them (coordinator/ckpt_dir.h; local
+                             workers park theirs in ckpt_dir/w<i>-<a>-<b>) */
 } k3_engine_open_opts;
 
 /* Defaults: no engine options (set .eng), k3_cluster_opts_default (2 local

@@ -67,9 +67,9 @@ static size_t inproc_state_bytes(k3_trunk *t, void *state) {
     return k3_state_bytes(state);
 }
 
-static k3_status inproc_ckpt_save(k3_trunk *t, void *state, int keep, void **ck, char *err,
-                                  size_t errlen) {
-    (void)t, (void)keep;
+static k3_status inproc_ckpt_save(k3_trunk *t, void *state, int keep, uint64_t key, void **ck,
+                                  char *err, size_t errlen) {
+    (void)t, (void)keep, (void)key;
     k3_state_ckpt *c = NULL;
     k3_status st = k3_state_save(state, &c, err, errlen);
     *ck = c;
@@ -104,8 +104,9 @@ static k3_status inproc_dump(k3_trunk *t, void *state, FILE *f, char *err, size_
     return k3_state_dump(state, f, err, errlen);
 }
 
-static k3_status inproc_load(k3_trunk *t, void *state, FILE *f, int pos, char *err, size_t errlen) {
-    (void)t;
+static k3_status inproc_load(k3_trunk *t, void *state, FILE *f, int pos, uint64_t key, char *err,
+                             size_t errlen) {
+    (void)t, (void)key;
     return k3_state_load(state, f, pos, err, errlen);
 }
 
@@ -224,7 +225,7 @@ k3_status k3_session_open(k3_session **out, k3_model *m, k3_trunk *trunk, const 
     s->has_head = cfg->n_layers == cfg->n_layers_full;
     s->max_ckpt =
         trunk->ops->ckpt_save && o->ckpt > 0 ? (o->ckpt < K3_MAX_CKPT ? o->ckpt : K3_MAX_CKPT) : 0;
-    s->store = s->max_ckpt > 0 && trunk->ops->state_dump ? o->store : NULL;
+    s->store = s->max_ckpt > 0 && trunk->ops->state_load ? o->store : NULL;
 
     size_t D = (size_t)s->D, C = (size_t)s->chunk;
     k3_status st;
@@ -483,7 +484,8 @@ k3_status k3_session_checkpoint(k3_session *s, char *err, size_t errlen) {
     if (s->max_ckpt == 0 || s->n_ids == 0) return K3_OK;
     if (s->n_ckpt > 0 && s->ckpt_pos[s->n_ckpt - 1] == s->n_ids) return K3_OK; /* have it */
     void *ck = NULL;
-    k3_status st = s->trunk->ops->ckpt_save(s->trunk, s->state, s->max_ckpt, &ck, err, errlen);
+    uint64_t key = s->store ? k3_ckpt_dir_key(s->store, s->ids, s->n_ids) : 0;
+    k3_status st = s->trunk->ops->ckpt_save(s->trunk, s->state, s->max_ckpt, key, &ck, err, errlen);
     if (st) return st;
     if (s->n_ckpt == s->max_ckpt) { /* drop the oldest */
         s->trunk->ops->ckpt_free(s->trunk, &s->ckpt[0]);

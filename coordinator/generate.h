@@ -64,18 +64,26 @@ typedef struct k3_trunk_ops {
      * process; on a cluster the workers hold them, PROTOCOL.md
      * "Checkpoints"); NULL = not supported. keep: checkpoints the session
      * keeps, the oldest dropped first (a cluster's workers drop theirs in
-     * step). A failed restore leaves the state to be reset. */
-    k3_status (*ckpt_save)(k3_trunk *t, void *state, int keep, void **ck, char *err, size_t errlen);
+     * step). key: the checkpoint's key (common/engine/ckpt_store.h) when it
+     * is parked on disk too, else 0 (a cluster's workers with --ckpt-dir
+     * park their part under it). A failed restore leaves the state to be
+     * reset. */
+    k3_status (*ckpt_save)(k3_trunk *t, void *state, int keep, uint64_t key, void **ck, char *err,
+                           size_t errlen);
     k3_status (*ckpt_restore)(k3_trunk *t, void *state, const void *ck, char *err, size_t errlen);
     void (*ckpt_free)(k3_trunk *t, void **ck);
     /* Bytes a checkpoint holds in this process (NULL: 0, they live elsewhere). */
     size_t (*ckpt_bytes)(k3_trunk *t, const void *ck);
     /* The whole state as bytes (stage.h k3_state_dump / k3_state_load:
-     * checkpoints parked on disk, coordinator/ckpt_dir.h); NULL = not
-     * supported (a cluster: the state lives on the workers). */
+     * checkpoints parked on disk, coordinator/ckpt_dir.h); state_dump NULL =
+     * the state lives elsewhere (a cluster: on the workers, each parking
+     * its part under the key). state_load brings back the state parked at
+     * pos under key: in process from f, a cluster by RESTORE with the key
+     * on every worker (f unused). NULL = not supported. */
     uint64_t (*state_dump_bytes)(k3_trunk *t, void *state, int pos);
     k3_status (*state_dump)(k3_trunk *t, void *state, FILE *f, char *err, size_t errlen);
-    k3_status (*state_load)(k3_trunk *t, void *state, FILE *f, int pos, char *err, size_t errlen);
+    k3_status (*state_load)(k3_trunk *t, void *state, FILE *f, int pos, uint64_t key, char *err,
+                            size_t errlen);
     void (*close)(k3_trunk *t); /* frees impl, not t */
 } k3_trunk_ops;
 
@@ -101,7 +109,8 @@ typedef struct k3_session_opts {
     int ckpt;     /* turn checkpoints kept, 0..K3_MAX_CKPT (0 = none; ignored when the trunk
                      has no checkpoints) */
     struct k3_ckpt_dir *store; /* checkpoints parked on disk too (--ckpt-dir), borrowed; NULL =
-                                  none; used only with ckpt > 0 and a trunk that dumps its state */
+                                  none; used only with ckpt > 0 and a trunk that loads a parked
+                                  state */
 } k3_session_opts;
 
 /* Per-chunk hooks of a feed; every field may be NULL. */

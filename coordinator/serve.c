@@ -156,8 +156,9 @@ static const k3_opt serve_table[] = {
      .type = K3_OPT_STRING,
      .offset = O(ckpt_dir),
      .metavar = "DIR",
-     .help = "park every turn checkpoint in DIR too (in-process): a restarted server resumes "
-             "a conversation from its last turn instead of prefilling it (needs --ckpt N)"},
+     .help = "park every turn checkpoint in DIR too (local workers in DIR/w<i>-<a>-<b>, remote "
+             "ones in their own --ckpt-dir): a restarted server resumes a conversation from its "
+             "last turn instead of prefilling it (needs --ckpt N)"},
     {.name = "ctx",
      .flag = "--ctx",
      .env = "K3_MAXT",

@@ -33,10 +33,10 @@
 
 /* Build identity sent in HELLO / HELLO_OK: this prefix, then the source
  * revision the Makefile passes as K3_BUILD_REV (`git describe --always
- * --dirty`), e.g. "k3shard proto 1.2 rev 3f2a9c1". Both sides refuse a peer
+ * --dirty`), e.g. "k3shard proto 1.3 rev 3f2a9c1". Both sides refuse a peer
  * whose identity differs (k3_link_check_build): the same settings with other
  * kernel code can give other bits. */
-#define K3_LINK_BUILD "k3shard proto 1.2"
+#define K3_LINK_BUILD "k3shard proto 1.3"
 
 /* Heartbeat interval (HB): default and range, used by the option row
  * below, k3_link_sockopts_apply and k3_cluster_open alike. TTL = 3 x HB

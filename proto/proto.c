@@ -226,10 +226,12 @@ static const field_desc f_checkpoint[] = {
     F_U64("sess", ckpt.session, 1, ANY, NULL),
     F_U32("n", ckpt.pos, 1, K3_MAX_CTX, "K3_MAX_CTX"),
     F_U32("keep", ckpt.keep, 1, K3_MAX_CKPT, "K3_MAX_CKPT"),
+    {"key", FK_U64, FD_OPT, OFF(ckpt.key), 0, 0, ANY, NULL}, /* 1.3: parked on disk too */
 };
 static const field_desc f_restore[] = {
     F_U64("sess", ckpt.session, 1, ANY, NULL),
     F_U32("n", ckpt.pos, 1, K3_MAX_CTX, "K3_MAX_CTX"),
+    {"key", FK_U64, FD_OPT, OFF(ckpt.key), 0, 0, ANY, NULL}, /* 1.3: may load from disk */
 };
 static const field_desc f_error[] = {
     F_U32("code", error.code, 1, K3_ERR_INTERNAL, "K3_ERR_INTERNAL"),

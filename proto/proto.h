@@ -1,4 +1,4 @@
-/* proto/proto.h: the k3shard wire protocol, version 1.2 (docs/PROTOCOL.md).
+/* proto/proto.h: the k3shard wire protocol, version 1.3 (docs/PROTOCOL.md).
  *
  * Owns: the message types (a tagged union of plain data, no pointers), the
  * msgpack envelope codec (only proto/ includes msgpack.h), every syntactic
@@ -26,7 +26,7 @@
 #include "common/base/limits.h"
 
 #define PROTO_VERSION_MAJOR 1
-#define PROTO_VERSION_MINOR 2
+#define PROTO_VERSION_MINOR 3
 
 /* Bytes an encoded envelope may need: every v1 message at its field limits
  * fits (the largest, ERROR with a 4095-byte msg, is ~4.2 KB; tested). */
@@ -57,7 +57,7 @@ typedef enum proto_type {
     PROTO_MSG_SHUTDOWN = 13,
     PROTO_MSG_HEARTBEAT = 14,
     PROTO_MSG_CHECKPOINT = 15,  /* 1.2 (PROTOCOL.md "Checkpoints") */
-    PROTO_MSG_RESTORE = 16,     /* 1.2 */
+    PROTO_MSG_RESTORE = 16,     /* 1.2; key 1.3 */
     PROTO_MSG_EXPERT_CALL = 17, /* 1.2: worker -> stripe peer (PROTOCOL.md "Expert calls") */
     PROTO_MSG_EXPERT_DONE = 18,
     PROTO_MSG_COUNT /* one past the last */
@@ -175,6 +175,9 @@ typedef struct proto_ckpt { /* CHECKPOINT, RESTORE (1.2, PROTOCOL.md "Checkpoint
     uint32_t pos;           /* "n": the checkpoint's position (CHECKPOINT: the session's) */
     uint32_t keep;          /* "keep", CHECKPOINT only (0 in RESTORE): checkpoints the
                                coordinator keeps for the session, 1..K3_MAX_CKPT */
+    uint64_t key;           /* "key" (1.3, optional, 0 = none): the checkpoint's key
+                               (common/engine/ckpt_store.h k3_ckpt_key): CHECKPOINT parks it
+                               on the worker's disk too, RESTORE may load it from there */
 } proto_ckpt;
 
 typedef struct proto_heartbeat {

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "common/base/log.h"
+#include "common/engine/ckpt_store.h"
 #include "common/engine/stage.h"
 #include "coordinator/cluster.h"
 #include "coordinator/engine.h"
@@ -201,33 +202,33 @@ static void worker_table(k3_model *m) {
     if (st) return;
     k3_state *s = NULL;
     uint64_t ev = 0;
-    st = wk_sessions_checkpoint(t, 1, 3, 2, err, sizeof err);
+    st = wk_sessions_checkpoint(t, 1, 3, 2, 0, err, sizeof err);
     CHECK(st == K3_ERR_STATE && strstr(err, "session 1") && strstr(err, "unknown here"),
           "worker: CHECKPOINT of an unknown session refused: '%s'", err);
     st = wk_sessions_acquire(t, 1, 0, &s, &ev, err, sizeof err);
     if (!st) st = feed_state(m, s, A, 3);
     CHECK(st == K3_OK && k3_state_pos(s) == 3, "worker: session 1 fed 3 tokens");
-    st = wk_sessions_checkpoint(t, 1, 2, 2, err, sizeof err);
+    st = wk_sessions_checkpoint(t, 1, 2, 2, 0, err, sizeof err);
     CHECK(st == K3_ERR_STATE && strstr(err, "at position 3"),
           "worker: CHECKPOINT at 2 of a session at 3 refused: '%s'", err);
-    st = wk_sessions_checkpoint(t, 1, 3, 2, err, sizeof err);
+    st = wk_sessions_checkpoint(t, 1, 3, 2, 0, err, sizeof err);
     int nck = 0;
     uint64_t bytes = wk_sessions_ckpt_bytes(t, &nck);
     CHECK(st == K3_OK && nck == 1 && bytes > 0, "worker: CHECKPOINT at 3: %d held, %llu bytes", nck,
           (unsigned long long)bytes);
     st = feed_state(m, s, A + 3, 2);
-    st = st ? st : wk_sessions_checkpoint(t, 1, 5, 2, err, sizeof err);
+    st = st ? st : wk_sessions_checkpoint(t, 1, 5, 2, 0, err, sizeof err);
     st = st ? st : feed_state(m, s, A + 5, 2);
-    st = st ? st : wk_sessions_checkpoint(t, 1, 7, 2, err, sizeof err);
+    st = st ? st : wk_sessions_checkpoint(t, 1, 7, 2, 0, err, sizeof err);
     wk_sessions_ckpt_bytes(t, &nck);
     CHECK(st == K3_OK && nck == 2,
           "worker: checkpoints at 5 and 7 with keep 2: %d held (the "
           "one at 3 dropped)",
           nck);
-    st = wk_sessions_restore(t, 1, 3, err, sizeof err);
+    st = wk_sessions_restore(t, 1, 3, 0, err, sizeof err);
     CHECK(st == K3_ERR_STATE && strstr(err, "no checkpoint there"),
           "worker: RESTORE to a dropped checkpoint refused: '%s'", err);
-    st = wk_sessions_restore(t, 1, 5, err, sizeof err);
+    st = wk_sessions_restore(t, 1, 5, 0, err, sizeof err);
     wk_sessions_ckpt_bytes(t, &nck);
     CHECK(st == K3_OK && k3_state_pos(s) == 5 && nck == 1,
           "worker: RESTORE to 5: position %d, %d checkpoint left (the one at 7 dropped)",
@@ -238,10 +239,10 @@ static void worker_table(k3_model *m) {
     CHECK(st == K3_OK && ev == 1 && nck == 0 && bytes == 0,
           "worker: session 2 evicts session 1 with its checkpoints (%d held, %llu bytes)", nck,
           (unsigned long long)bytes);
-    st = wk_sessions_restore(t, 1, 5, err, sizeof err);
+    st = wk_sessions_restore(t, 1, 5, 0, err, sizeof err);
     CHECK(st == K3_ERR_STATE && strstr(err, "session 1") && strstr(err, "evicted"),
           "worker: RESTORE of the evicted session refused: '%s'", err);
-    st = wk_sessions_checkpoint(t, 1, 5, 2, err, sizeof err);
+    st = wk_sessions_checkpoint(t, 1, 5, 2, 0, err, sizeof err);
     CHECK(st == K3_ERR_STATE && strstr(err, "unknown here"),
           "worker: CHECKPOINT of the evicted session refused: '%s'", err);
     wk_sessions_close(&t);
@@ -250,7 +251,7 @@ static void worker_table(k3_model *m) {
     st = wk_sessions_open(&t, m, 2, MAX_CTX, 1, err, sizeof err);
     if (!st) st = wk_sessions_acquire(t, 1, 0, &s, &ev, err, sizeof err);
     if (!st) st = feed_state(m, s, A, 2);
-    if (!st) st = wk_sessions_checkpoint(t, 1, 2, 1, err, sizeof err);
+    if (!st) st = wk_sessions_checkpoint(t, 1, 2, 1, 0, err, sizeof err);
     bytes = wk_sessions_ckpt_bytes(t, &nck);
     CHECK(st == K3_ERR_LIMIT && strstr(err, "--ckpt-mb") && nck == 0 && bytes == 0,
           "worker: a CHECKPOINT past the budget refused: '%s'", err);
@@ -290,19 +291,24 @@ static int count_files(const char *dir) {
  * directory (a restarted coordinator) resumes the conversation from the
  * deepest one: fewer tokens prefilled, the same logits and ids as a full
  * replay. A damaged file is refused and the prompt replayed. */
-static void parked(void) {
+static void parked(int local) {
     char dir[] = "/tmp/k3_test_ckpt_dir_XXXXXX";
+    const char *lab = local ? "--local 2" : "in-process";
     if (!mkdtemp(dir)) {
         CHECK(0, "mkdtemp: %s", strerror(errno));
         return;
     }
     int32_t turn2[12 + 3 + 5], turn3[20 + 2 + 7];
     k3_engine_result r;
+    int rc = 0;
     toks t1, t2, t3, ref;
     rows lg_ref = {0}, lg3 = {0};
     g_ckpt_dir = dir;
-    k3_engine *e = open_engine(2, 0, NULL, 0, 0);
-    if (!e) return;
+    k3_engine *e = open_engine(2, local, NULL, 0, 0);
+    if (!e) {
+        rmdir(dir);
+        return;
+    }
     k3_status st = gen(e, 1, A, 12, NULL, &t1, &r);
     memcpy(turn2, A, sizeof A);
     memcpy(turn2 + 12, t1.v, 3 * sizeof(int32_t));
@@ -310,7 +316,19 @@ static void parked(void) {
     st = st ? st : gen(e, 1, turn2, 20, NULL, &t2, &r);
     k3_engine_close(&e);
     int nf = count_files(dir);
-    CHECK(st == K3_OK && nf == 2, "--ckpt-dir: two turns park %d checkpoint files (12, 20)", nf);
+    CHECK(st == K3_OK && nf == 2, "--ckpt-dir, %s: two turns park %d checkpoint files (12, 20)",
+          lab, nf);
+    if (local) { /* each worker parks its layers in its own directory */
+        char wd[600];
+        snprintf(wd, sizeof wd, "%s/w0-0-4", dir);
+        int n0 = count_files(wd);
+        snprintf(wd, sizeof wd, "%s/w1-4-8", dir);
+        int n1 = count_files(wd);
+        CHECK(n0 == 2 && n1 == 2,
+              "--ckpt-dir, --local 2: the workers park %d and %d files in "
+              "w0-0-4 and w1-4-8",
+              n0, n1);
+    }
 
     /* turn 3 extends turn 2; the reference replays it from 0 */
     memcpy(turn3, turn2, sizeof turn2);
@@ -322,42 +340,220 @@ static void parked(void) {
     k3_engine_close(&e);
 
     g_ckpt_dir = dir; /* the restarted coordinator */
-    e = open_engine(2, 0, NULL, 0, 0);
+    e = open_engine(2, local, NULL, 0, 0);
     st = st ? st : e ? gen(e, 7, turn3, 29, &lg3, &t3, &r) : K3_ERR_STATE;
     int same = st == K3_OK && lg3.v && lg_ref.v && lg3.lo == 20 && lg3.hi == 29 &&
                !memcmp(lg3.v + (size_t)20 * (size_t)lg3.vocab,
                        lg_ref.v + (size_t)20 * (size_t)lg_ref.vocab,
                        sizeof(float) * 9 * (size_t)lg3.vocab);
     CHECK(st == K3_OK && r.gen.n_reused == 20 && r.gen.n_prefilled == 9,
-          "--ckpt-dir: after a restart turn 3 loads the parked checkpoint at 20: %d reused, %d "
-          "prefilled",
-          r.gen.n_reused, r.gen.n_prefilled);
+          "--ckpt-dir, %s: after a restart turn 3 loads the parked checkpoint at 20: %d reused, "
+          "%d prefilled",
+          lab, r.gen.n_reused, r.gen.n_prefilled);
     CHECK(same && t3.n == ref.n && !memcmp(t3.v, ref.v, sizeof(int32_t) * (size_t)ref.n),
-          "--ckpt-dir: the loaded state's logits (positions 20..28) and ids equal a full replay's "
-          "bit for bit");
+          "--ckpt-dir, %s: the loaded state's logits (positions 20..28) and ids equal a full "
+          "replay's bit for bit",
+          lab);
     k3_engine_close(&e);
 
-    /* damage the file at 20 (one byte short): refused, replayed, same ids */
+    /* damage the file at 20 (one byte short; with workers: worker 1's):
+     * refused, replayed, same ids */
     char cmd[700];
-    snprintf(
-        cmd, sizeof cmd,
-        "for f in %s/*-00000020.k3ck; do truncate -s -1 \"$f\"; done; rm -f %s/*-00000012.k3ck",
-        dir, dir);
-    int rc = system(cmd);
-    e = open_engine(2, 0, NULL, 0, 0);
+    snprintf(cmd, sizeof cmd,
+             "for f in %s%s/*-00000020.k3ck; do truncate -s -1 \"$f\"; done; rm -f "
+             "%s/*-00000012.k3ck",
+             dir, local ? "/w1-4-8" : "", dir);
+    rc = system(cmd);
+    e = open_engine(2, local, NULL, 0, 0);
     st = rc == 0 && e ? gen(e, 8, turn3, 29, NULL, &t3, &r) : K3_ERR_STATE;
     CHECK(st == K3_OK && r.gen.n_reused == 0 && r.gen.n_prefilled == 29 && t3.n == ref.n &&
               !memcmp(t3.v, ref.v, sizeof(int32_t) * (size_t)ref.n),
-          "--ckpt-dir: a file one byte short is refused (sizes checked), the prompt replayed: %d "
-          "reused, same ids",
-          r.gen.n_reused);
+          "--ckpt-dir, %s: a file one byte short is refused (sizes checked), the prompt "
+          "replayed: %d reused, same ids",
+          lab, r.gen.n_reused);
     k3_engine_close(&e);
+    if (local) { /* worker 0's file of another model (its fingerprint changed): refused */
+        snprintf(cmd, sizeof cmd,
+                 "for f in %s/w1-4-8/*-00000020.k3ck; do truncate -s +1 \"$f\"; done; for f in "
+                 "%s/w0-0-4/*-00000020.k3ck; do printf '\\377' | dd of=\"$f\" bs=1 seek=8 "
+                 "conv=notrunc status=none; done",
+                 dir, dir);
+        rc = system(cmd);
+        e = open_engine(2, local, NULL, 0, 0);
+        st = rc == 0 && e ? gen(e, 9, turn3, 29, NULL, &t3, &r) : K3_ERR_STATE;
+        CHECK(st == K3_OK && r.gen.n_reused == 0 && r.gen.n_prefilled == 29 && t3.n == ref.n &&
+                  !memcmp(t3.v, ref.v, sizeof(int32_t) * (size_t)ref.n),
+              "--ckpt-dir, --local 2: a worker file of another model is refused, the prompt "
+              "replayed: %d reused, same ids",
+              r.gen.n_reused);
+        k3_engine_close(&e);
+    }
     g_ckpt_dir = NULL;
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     rc = system(cmd);
     (void)rc;
     free(lg_ref.v);
     free(lg3.v);
+}
+
+/* --ckpt-dir with --local 2, a worker killed with -9 between turns: it
+ * comes back in a new epoch without the session, and the edited turn's
+ * RESTORE by key loads the checkpoint at 12 from its disk (the other worker
+ * from memory): 12 reused, the logits and ids of the full replay. */
+static void worker_restart_parked(void) {
+    char dir[] = "/tmp/k3_test_ckpt_wdir_XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    int32_t ay[12 + 7], tw[12 + 3 + 5];
+    memcpy(ay, A, sizeof A);
+    memcpy(ay + 12, Y, sizeof Y);
+    g_ckpt_dir = dir;
+    k3_engine *e = open_engine(2, 2, NULL, 0, 0);
+    g_ckpt_dir = NULL;
+    if (!e) {
+        rmdir(dir);
+        return;
+    }
+    k3_engine_result r;
+    toks t1, t2, t3;
+    rows lg = {0};
+    k3_status st = gen(e, 1, A, 12, NULL, &t1, &r);
+    memcpy(tw, A, sizeof A);
+    memcpy(tw + 12, t1.v, 3 * sizeof(int32_t));
+    memcpy(tw + 15, X, sizeof X);
+    st = st ? st : gen(e, 1, tw, 20, NULL, &t2, &r);
+    k3_cluster *cl = k3_engine_cluster(e);
+    k3_stage_info si;
+    k3_cluster_stage_info(cl, 1, &si);
+    uint64_t ep0 = si.epoch;
+    int killed = si.pid > 0 && kill(si.pid, SIGKILL) == 0;
+    char werr[512] = "";
+    for (int i = 0; killed && i < 400; i++) { /* the restart and its new epoch */
+        k3_cluster_stage_info(cl, 1, &si);
+        if (si.ready && si.epoch != ep0) break;
+        usleep(25000);
+    }
+    k3_status ws = k3_cluster_wait_ready(cl, 10000, werr, sizeof werr);
+    st = st ? st : gen(e, 1, ay, 19, &lg, &t3, &r);
+    int same = st == K3_OK && lg.v && lg.lo == 12 && lg.hi == 19 &&
+               !memcmp(lg.v + (size_t)12 * (size_t)lg.vocab,
+                       g_ref_lg.v + (size_t)12 * (size_t)g_ref_lg.vocab,
+                       sizeof(float) * 7 * (size_t)lg.vocab);
+    CHECK(killed && ws == K3_OK && si.epoch != ep0 && st == K3_OK && r.gen.n_reused == 12 &&
+              r.gen.n_prefilled == 7,
+          "--ckpt-dir, --local 2, a worker killed with -9 between turns and restarted: the "
+          "edited turn restores the checkpoint at 12 from its disk (%d reused, %d prefilled) (%s)",
+          r.gen.n_reused, r.gen.n_prefilled, werr);
+    CHECK(same && t3.n == g_ref.n && !memcmp(t3.v, g_ref.v, sizeof(int32_t) * (size_t)g_ref.n),
+          "--ckpt-dir, --local 2, restarted worker: the logits of positions 12..18 and the ids "
+          "equal the full replay's bit for bit");
+    k3_engine_close(&e);
+    free(lg.v);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    int rc = system(cmd);
+    (void)rc;
+}
+
+static k3_status dump_zeros(void *ctx, FILE *f, char *err, size_t errlen) {
+    size_t n = *(size_t *)ctx;
+    for (size_t i = 0; i < n; i++)
+        if (fputc(0, f) == EOF) return k3_errf(K3_ERR_IO, err, errlen, "write");
+    return K3_OK;
+}
+
+static k3_status load_count(void *ctx, FILE *f, int pos, char *err, size_t errlen) {
+    (void)pos, (void)err, (void)errlen;
+    int n = 0;
+    while (fgetc(f) != EOF) n++;
+    *(int *)ctx = n;
+    return K3_OK;
+}
+
+/* The store itself (common/engine/ckpt_store.h): bounds on files and bytes
+ * (the oldest pruned), no .tmp left, a file refused for another key,
+ * position, layer range or model, each naming the file. */
+static void store_unit(void) {
+    char dir[] = "/tmp/k3_test_ckpt_store_XXXXXX", err[768];
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    k3_ckpt_store *d = NULL;
+    k3_status st =
+        k3_ckpt_store_open(&d, dir, "--ckpt-dir", 0x1234, 0, 4, 3, 1 << 20, err, sizeof err);
+    CHECK(st == K3_OK, "store: opens %s (%s)", dir, err);
+    if (st) return;
+    size_t pay = 100;
+    int32_t ids[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    for (int p = 1; p <= 5 && !st; p++) {
+        st = k3_ckpt_store_save(d, k3_ckpt_key(0x1234, ids, p), p, NULL, pay, dump_zeros, &pay, err,
+                                sizeof err);
+        usleep(10000); /* distinct mtimes */
+    }
+    int nf = count_files(dir);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "ls -a %s | grep -c tmp", dir);
+    FILE *pp = popen(cmd, "r");
+    int ntmp = -1;
+    if (pp && fscanf(pp, "%d", &ntmp) != 1) ntmp = -1;
+    if (pp) pclose(pp);
+    char path[K3_MAX_PATH + 40];
+    int pos = 0;
+    int found = k3_ckpt_store_find(d, ids, 8, 0, 64, path, sizeof path, &pos);
+    int oldest = k3_ckpt_store_find(d, ids, 3, 0, 64, path, sizeof path, &pos); /* p < 3: gone */
+    CHECK(st == K3_OK && nf == 3 && ntmp == 0 && found && !oldest,
+          "store: 5 saves with 3 files kept leave the newest 3, no .tmp (%d files, %d tmp; %s)", nf,
+          ntmp, err);
+    k3_ckpt_store_find(d, ids, 8, 0, 64, path, sizeof path, &pos);
+    int got = -1;
+    st = k3_ckpt_store_load(d, path, k3_ckpt_key(0x1234, ids, 5), 5, NULL, pay, load_count, &got,
+                            err, sizeof err);
+    CHECK(st == K3_OK && pos == 5 && got == (int)pay,
+          "store: the deepest (5) loads its %d payload bytes", got);
+    st = k3_ckpt_store_load(d, path, k3_ckpt_key(0x1234, ids, 4), 5, NULL, pay, load_count, &got,
+                            err, sizeof err);
+    CHECK(st == K3_ERR_FORMAT && strstr(err, path) && strstr(err, "expected"),
+          "store: another key refused naming the file: '%s'", err);
+    st = k3_ckpt_store_load(d, path, k3_ckpt_key(0x1234, ids, 5), 5, NULL, pay + 4, load_count,
+                            &got, err, sizeof err);
+    CHECK(st == K3_ERR_FORMAT && strstr(err, "file bytes"),
+          "store: another payload size refused before reading: '%s'", err);
+    k3_ckpt_store *o = NULL;
+    st = k3_ckpt_store_open(&o, dir, "--ckpt-dir", 0x1234, 4, 8, 3, 1 << 20, err, sizeof err);
+    st = st ? st
+            : k3_ckpt_store_load(o, path, k3_ckpt_key(0x1234, ids, 5), 5, NULL, pay, load_count,
+                                 &got, err, sizeof err);
+    CHECK(st == K3_ERR_MISMATCH && strstr(err, "layers [0, 4)"),
+          "store: a file of layers [0, 4) refused by a store of [4, 8): '%s'", err);
+    k3_ckpt_store_close(&o);
+    st = k3_ckpt_store_open(&o, dir, "--ckpt-dir", 0x9999, 0, 4, 3, 1 << 20, err, sizeof err);
+    st = st ? st
+            : k3_ckpt_store_load(o, path, k3_ckpt_key(0x1234, ids, 5), 5, NULL, pay, load_count,
+                                 &got, err, sizeof err);
+    CHECK(st == K3_ERR_MISMATCH && strstr(err, "model fingerprint"),
+          "store: a file of another model refused: '%s'", err);
+    k3_ckpt_store_close(&o);
+    /* a byte bound: 2 files of 148 bytes fit in 300, a third prunes one;
+     * a payload larger than the bound is refused */
+    st = k3_ckpt_store_open(&o, dir, "--ckpt-dir", 0x1234, 0, 4, 100, 300, err, sizeof err);
+    if (!st)
+        st = k3_ckpt_store_save(o, k3_ckpt_key(0x1234, ids, 6), 6, NULL, pay, dump_zeros, &pay, err,
+                                sizeof err);
+    nf = count_files(dir);
+    size_t big = 400;
+    k3_status sb = o ? k3_ckpt_store_save(o, k3_ckpt_key(0x1234, ids, 7), 7, NULL, big, dump_zeros,
+                                          &big, err, sizeof err)
+                     : K3_ERR_STATE;
+    CHECK(st == K3_OK && nf == 2 && sb == K3_ERR_LIMIT && strstr(err, "larger than"),
+          "store: 300 bytes kept hold 2 files of 148 (%d), a 448-byte one refused: '%s'", nf, err);
+    k3_ckpt_store_close(&o);
+    k3_ckpt_store_close(&d);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    int rc = system(cmd);
+    (void)rc;
 }
 
 int main(void) {
@@ -416,7 +612,10 @@ int main(void) {
     }
     k3_engine_close(&e);
 
-    parked();
+    store_unit();
+    parked(0);
+    parked(2);
+    worker_restart_parked();
 
     /* a worker killed with -9 between turns: the local worker comes back in
      * a new epoch without the session's state or checkpoints, so the

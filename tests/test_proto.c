@@ -152,8 +152,10 @@ static const key_spec keys[] = {
     {PROTO_MSG_CHECKPOINT, "sess", K_U64, 0},
     {PROTO_MSG_CHECKPOINT, "n", K_U32, 0},
     {PROTO_MSG_CHECKPOINT, "keep", K_U32, 0},
+    {PROTO_MSG_CHECKPOINT, "key", K_U64, 0}, /* 1.3, optional */
     {PROTO_MSG_RESTORE, "sess", K_U64, 0},
     {PROTO_MSG_RESTORE, "n", K_U32, 0},
+    {PROTO_MSG_RESTORE, "key", K_U64, 0}, /* 1.3, optional */
 };
 #define N_KEYS (int)(sizeof keys / sizeof keys[0])
 
@@ -473,6 +475,9 @@ static void test_fields(proto_msg *s, int n) {
             k3_status st = proto_decode(rebuilt.b, rebuilt.n, &d, err, sizeof err);
             int optional = (s[i].type == PROTO_MSG_STATS_OK && ks >= spec_of(s[i].type, "name")) ||
                            (s[i].type == PROTO_MSG_HELLO_OK && !strcmp(p.key[f], "stripe")) ||
+                           ((s[i].type == PROTO_MSG_CHECKPOINT || /* 1.3 */
+                             s[i].type == PROTO_MSG_RESTORE) &&
+                            !strcmp(p.key[f], "key")) ||
                            (s[i].type == PROTO_MSG_FORWARD_DONE && /* 1.2 striping keys */
                             ks >= spec_of(s[i].type, "drive_bytes"));
             if (optional ? st != K3_OK : (st == K3_OK || !strstr(err, p.key[f]))) {
@@ -628,7 +633,7 @@ static void test_keys_versions_types(proto_msg *s) {
     mp_u(&v, 0);
     rebuild(&p, -1, fv, &v, NULL, 0, &w);
     st = proto_decode(w.b, w.n, &d, err, sizeof err);
-    CHECK(st == K3_ERR_MISMATCH && !strcmp(err, "unsupported protocol version 2.0 (supported 1.2)"),
+    CHECK(st == K3_ERR_MISMATCH && !strcmp(err, "unsupported protocol version 2.0 (supported 1.3)"),
           "major 2: %s", err);
     v.n = 0;
     mp_arr(&v, 2);

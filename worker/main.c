@@ -44,6 +44,9 @@ typedef struct wopts {
     int max_ctx;         /* tokens per session */
     int max_chunk;       /* tokens per step accepted */
     int ckpt_mb;         /* MiB the turn checkpoints may hold */
+    char *ckpt_dir;      /* checkpoints parked on disk too */
+    int ckpt_files;      /* files --ckpt-dir keeps */
+    int ckpt_disk_mb;    /* MiB --ckpt-dir keeps */
     int insecure;        /* allow plain tcp off loopback */
     char *curve_secret;  /* our CURVE key pair file */
     char *allow;         /* coordinator public keys admitted */
@@ -130,6 +133,31 @@ static const k3_opt table[] = {
      .metavar = "MB",
      .help = "MiB the sessions' turn checkpoints (CHECKPOINT) may hold together; past it a "
              "CHECKPOINT is refused (0: none kept)"},
+    {.name = "ckpt-dir",
+     .flag = "--ckpt-dir",
+     .type = K3_OPT_STRING,
+     .offset = O(ckpt_dir),
+     .metavar = "DIR",
+     .help = "also park turn checkpoints on disk in DIR (created), so that a RESTORE finds "
+             "them after this worker or the coordinator restarted (docs/SERVING.md)"},
+    {.name = "ckpt-files",
+     .flag = "--ckpt-files",
+     .type = K3_OPT_INT,
+     .offset = O(ckpt_files),
+     .def = "256",
+     .min = 1,
+     .max = 1 << 20,
+     .metavar = "N",
+     .help = "files --ckpt-dir keeps; the oldest are removed first"},
+    {.name = "ckpt-disk-mb",
+     .flag = "--ckpt-disk-mb",
+     .type = K3_OPT_INT,
+     .offset = O(ckpt_disk_mb),
+     .def = "65536",
+     .min = 1,
+     .max = 1 << 30,
+     .metavar = "MB",
+     .help = "MiB --ckpt-dir keeps; the oldest files are removed first"},
     K3_LINK_OPT_INSECURE(wopts, insecure),
     K3_LINK_OPT_CURVE_SECRET(wopts, curve_secret),
     {.name = "allow",
@@ -447,6 +475,9 @@ static int serve(const wopts *o, k3_model *m, wk_opts *w) {
     w->sock.handshake_ms = K3_LINK_HANDSHAKE_MS_DEFAULT;
     w->max_sessions = o->max_sessions;
     w->ckpt_mb = o->ckpt_mb;
+    w->ckpt_dir = o->ckpt_dir;
+    w->ckpt_files = o->ckpt_files;
+    w->ckpt_disk_mb = o->ckpt_disk_mb;
     w->max_ctx = o->max_ctx;
     w->max_chunk = o->max_chunk;
     if (o->name) {

@@ -26,6 +26,7 @@
 #include "common/ckpt/config.h"
 #include "common/base/limits.h"
 #include "common/base/log.h"
+#include "common/engine/ckpt_store.h"
 #include "common/engine/stage.h"
 #include "common/vk/vk_tier.h"
 #include "worker/sessions.h"
@@ -49,6 +50,7 @@ typedef struct wk {
     void *ctx, *sock;            /* owned */
     k3_zap *zap;                 /* owned, curve only */
     wk_sessions *sess;           /* owned */
+    k3_ckpt_store *ckpt_store;   /* --ckpt-dir, owned, NULL = none */
     volatile sig_atomic_t *stop; /* borrowed: set by SIGTERM / SIGINT */
     int shutdown;                /* SHUTDOWN received */
 
@@ -603,10 +605,10 @@ static void do_session(wk *w, wk_req *r) {
     const proto_ckpt *c = &r->msg.u.ckpt;
     if (!st) {
         if (r->msg.type == PROTO_MSG_CHECKPOINT)
-            st = wk_sessions_checkpoint(w->sess, c->session, (int)c->pos, (int)c->keep, err,
+            st = wk_sessions_checkpoint(w->sess, c->session, (int)c->pos, (int)c->keep, c->key, err,
                                         sizeof err);
         else if (r->msg.type == PROTO_MSG_RESTORE)
-            st = wk_sessions_restore(w->sess, c->session, (int)c->pos, err, sizeof err);
+            st = wk_sessions_restore(w->sess, c->session, (int)c->pos, c->key, err, sizeof err);
         else if (r->msg.type == PROTO_MSG_SESSION_RESET)
             wk_sessions_reset(w->sess, s->session);
         else if (r->msg.type == PROTO_MSG_SESSION_DROP)
@@ -669,6 +671,7 @@ static void wk_cleanup(wk *w) {
     while (w->ctx && zmq_ctx_term(w->ctx) != 0 && zmq_errno() == EINTR) {
     }
     wk_sessions_close(&w->sess);
+    k3_ckpt_store_close(&w->ckpt_store);
     free(w->blocks);
     free(w->h);
 }
@@ -690,6 +693,15 @@ k3_status wk_serve(k3_model *m, const wk_opts *o, volatile sig_atomic_t *stop, c
     w.lim.max_blocks = K3_MAX_RES_ENTRIES;
     k3_status st = wk_sessions_open(&w.sess, m, o->max_sessions, o->max_ctx,
                                     (uint64_t)o->ckpt_mb << 20, err, errlen);
+    if (!st && o->ckpt_dir && o->ckpt_dir[0]) { /* this worker's layers, parked on its disk */
+        st = k3_ckpt_store_open(&w.ckpt_store, o->ckpt_dir, "--ckpt-dir", o->fingerprint, w.layer_a,
+                                w.layer_b, o->ckpt_files, (uint64_t)o->ckpt_disk_mb << 20, err,
+                                errlen);
+        if (!st) wk_sessions_set_store(w.sess, w.ckpt_store);
+        if (!st)
+            K3_INFO("%s: turn checkpoints parked in %s (at most %d files, %d MiB)", o->name,
+                    o->ckpt_dir, o->ckpt_files, o->ckpt_disk_mb);
+    }
     if (!st) st = wk_open_socket(&w, err, errlen);
     if (st) {
         wk_cleanup(&w);

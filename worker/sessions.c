@@ -7,10 +7,14 @@
  */
 #include "worker/sessions.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/base/limits.h"
+#include "common/base/log.h"
+#include "common/engine/ckpt_store.h"
 
 typedef struct wk_slot {
     uint64_t id;                    /* session id, 0 = free */
@@ -28,6 +32,7 @@ struct wk_sessions {
     uint64_t evictions;
     uint64_t ckpt_budget; /* bytes every checkpoint together may hold */
     uint64_t ckpt_bytes;  /* held now */
+    k3_ckpt_store *store; /* --ckpt-dir, borrowed, NULL = none */
 };
 
 k3_status wk_sessions_open(wk_sessions **out, const k3_model *m, int max_sessions, int max_ctx,
@@ -183,8 +188,31 @@ uint64_t wk_sessions_evictions(const wk_sessions *t) { return t->evictions; }
 
 static const char *unknown_why = "unknown here (evicted, dropped or from an older epoch)";
 
-k3_status wk_sessions_checkpoint(wk_sessions *t, uint64_t id, int pos, int keep, char *err,
-                                 size_t errlen) {
+void wk_sessions_set_store(wk_sessions *t, k3_ckpt_store *store) { t->store = store; }
+
+static k3_status dump_cb(void *ctx, FILE *f, char *err, size_t errlen) {
+    return k3_state_dump(ctx, f, err, errlen);
+}
+
+static k3_status load_cb(void *ctx, FILE *f, int pos, char *err, size_t errlen) {
+    return k3_state_load(ctx, f, pos, err, errlen);
+}
+
+/* Parks s's state at pos under key; a failure is logged. */
+static void park(wk_sessions *t, wk_slot *s, int pos, uint64_t key) {
+    char err[512];
+    double t0 = k3_now_ms();
+    uint64_t bytes = k3_state_dump_bytes(s->state, pos);
+    if (k3_ckpt_store_save(t->store, key, pos, NULL, bytes, dump_cb, s->state, err, sizeof err))
+        K3_WARN("checkpoint of session %llu at %d not parked on disk: %s",
+                (unsigned long long)s->id, pos, err);
+    else
+        K3_INFO("checkpoint of session %llu at %d parked: %llu bytes in %.1f ms",
+                (unsigned long long)s->id, pos, (unsigned long long)bytes, k3_now_ms() - t0);
+}
+
+k3_status wk_sessions_checkpoint(wk_sessions *t, uint64_t id, int pos, int keep, uint64_t key,
+                                 char *err, size_t errlen) {
     wk_slot *s = id ? find(t, id) : NULL;
     if (!s)
         return k3_errf(K3_ERR_STATE, err, errlen, "no checkpoint of session %llu at %d: %s",
@@ -198,6 +226,7 @@ k3_status wk_sessions_checkpoint(wk_sessions *t, uint64_t id, int pos, int keep,
         return k3_errf(K3_ERR_LIMIT, err, errlen,
                        "checkpoint of session %llu: keep %d outside [1, %d] (K3_MAX_CKPT)",
                        (unsigned long long)id, keep, K3_MAX_CKPT);
+    if (key && t->store) park(t, s, pos, key);
     if (s->n_ck > 0 && k3_state_ckpt_pos(s->ck[s->n_ck - 1]) == pos) return K3_OK; /* have it */
     k3_state_ckpt *ck = NULL;
     k3_status st = k3_state_save(s->state, &ck, err, errlen);
@@ -217,8 +246,52 @@ k3_status wk_sessions_checkpoint(wk_sessions *t, uint64_t id, int pos, int keep,
     return K3_OK;
 }
 
-k3_status wk_sessions_restore(wk_sessions *t, uint64_t id, int pos, char *err, size_t errlen) {
+/* RESTORE from the file parked under key: s (NULL = create the session). */
+static k3_status restore_parked(wk_sessions *t, wk_slot *s, uint64_t id, int pos, uint64_t key,
+                                char *err, size_t errlen) {
+    char path[K3_MAX_PATH + 40];
+    k3_ckpt_store_path(t->store, key, pos, path, sizeof path);
+    if (access(path, R_OK) != 0) /* before any state is touched */
+        return k3_errf(K3_ERR_STATE, err, errlen,
+                       "cannot restore session %llu to %d: no checkpoint in memory nor on disk "
+                       "(%s: %s); reset and replay",
+                       (unsigned long long)id, pos, path, strerror(errno));
+    k3_state *state = NULL;
+    if (s) {
+        ck_drop_after(t, s, -1); /* its MLA rows are replaced */
+        k3_state_reset(s->state);
+        s->last_use = ++t->tick;
+        state = s->state;
+    } else {
+        uint64_t evicted = 0;
+        k3_status st = wk_sessions_acquire(t, id, 0, &state, &evicted, err, errlen);
+        if (st) return st;
+        if (evicted)
+            K3_INFO("session %llu evicted to load session %llu from disk",
+                    (unsigned long long)evicted, (unsigned long long)id);
+    }
+    double t0 = k3_now_ms();
+    k3_status st = k3_ckpt_store_load(t->store, path, key, pos, NULL,
+                                      k3_state_dump_bytes(state, pos), load_cb, state, err, errlen);
+    if (st) {
+        k3_state_reset(state);
+        K3_WARN("session %llu: parked checkpoint at %d refused: %s", (unsigned long long)id, pos,
+                err);
+        return st;
+    }
+    K3_INFO("session %llu: checkpoint at %d loaded from %s in %.1f ms", (unsigned long long)id, pos,
+            path, k3_now_ms() - t0);
+    return K3_OK;
+}
+
+k3_status wk_sessions_restore(wk_sessions *t, uint64_t id, int pos, uint64_t key, char *err,
+                              size_t errlen) {
     wk_slot *s = id ? find(t, id) : NULL;
+    if (key && t->store && id) {
+        int c = s ? s->n_ck - 1 : -1;
+        while (c >= 0 && k3_state_ckpt_pos(s->ck[c]) != pos) c--;
+        if (c < 0) return restore_parked(t, s, id, pos, key, err, errlen);
+    }
     if (!s)
         return k3_errf(K3_ERR_STATE, err, errlen,
                        "cannot restore session %llu to %d: %s; reset and replay",

@@ -14,6 +14,9 @@
  * position; the MLA rows before it stay in the state), dropped with the
  * session (drop, reset, eviction, a new epoch) and past a restored
  * position. Their bytes count against one budget for the whole table.
+ * With a store (--ckpt-dir, 1.3) a checkpoint that carries a key is parked
+ * on disk too, and a RESTORE by key finds it there after the worker or the
+ * coordinator restarted or the session was evicted.
  *
  * Not handled: truncation to an arbitrary position: TRUNCATE keeps
  * everything or nothing; RESTORE goes back to a checkpoint.
@@ -28,6 +31,7 @@
 #include "common/engine/stage.h"
 
 typedef struct wk_sessions wk_sessions;
+struct k3_ckpt_store;
 
 /* max_sessions in [1, K3_MAX_SESSIONS]; max_ctx: capacity of each state;
  * ckpt_budget: bytes all checkpoints together may hold (0: none taken). */
@@ -55,17 +59,28 @@ k3_status wk_sessions_truncate(wk_sessions *t, uint64_t id, int n, char *err, si
 /* Drops every state (a new epoch: the coordinator replays what it needs). */
 void wk_sessions_clear(wk_sessions *t);
 
+/* Checkpoints parked on disk too (--ckpt-dir; common/engine/ckpt_store.h,
+ * this worker's fingerprint and layer range), borrowed; NULL = none. */
+void wk_sessions_set_store(wk_sessions *t, struct k3_ckpt_store *store);
+
 /* CHECKPOINT: snapshots session id, which must be at position pos; the
  * oldest checkpoints go first so that at most keep (1..K3_MAX_CKPT) are held
  * (the coordinator's count: both drop the same ones). Holding one at pos
  * already is a no-op. K3_ERR_STATE: unknown session or another position
- * (both named); K3_ERR_LIMIT: past the budget (nothing taken). */
-k3_status wk_sessions_checkpoint(wk_sessions *t, uint64_t id, int pos, int keep, char *err,
-                                 size_t errlen);
+ * (both named); K3_ERR_LIMIT: past the budget (nothing taken). key != 0
+ * (1.3) with a store: the state is parked on disk under key first (a
+ * failure to write is logged, not returned: it costs only a later load). */
+k3_status wk_sessions_checkpoint(wk_sessions *t, uint64_t id, int pos, int keep, uint64_t key,
+                                 char *err, size_t errlen);
 /* RESTORE: session id back to its checkpoint at pos (bit-identical to a
  * replay of the ids to pos); later checkpoints are dropped. K3_ERR_STATE:
- * unknown session or no checkpoint at pos. */
-k3_status wk_sessions_restore(wk_sessions *t, uint64_t id, int pos, char *err, size_t errlen);
+ * unknown session or no checkpoint at pos. key != 0 (1.3) with a store:
+ * without a checkpoint in memory the file parked under key is loaded (the
+ * session created when unknown, evicting as acquire does, else reset
+ * first); a missing, damaged or foreign file is refused naming it, and
+ * the session is left at position 0. */
+k3_status wk_sessions_restore(wk_sessions *t, uint64_t id, int pos, uint64_t key, char *err,
+                              size_t errlen);
 /* Bytes the checkpoints hold now; *count (may be NULL) their number. */
 uint64_t wk_sessions_ckpt_bytes(const wk_sessions *t, int *count);
 

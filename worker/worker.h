@@ -44,6 +44,8 @@ typedef struct wk_opts {
     int max_ctx;                  /* tokens per session */
     int max_chunk;                /* largest T accepted */
     int ckpt_mb;                  /* MiB all turn checkpoints may hold (0: none) */
+    const char *ckpt_dir;         /* --ckpt-dir: checkpoints parked on disk too, NULL = none */
+    int ckpt_files, ckpt_disk_mb; /* what --ckpt-dir keeps: files, MiB (oldest pruned) */
     double read_gbps;             /* measured drive rate, 0 = not measured */
     char name[K3_PROTO_MAX_NAME]; /* for logs and the coordinator's errors */
     int fault_slow_ms;            /* tests only: every FORWARD sleeps this long first, 0 = off */

@@ -8,9 +8,10 @@
 # Per trial (RELIABILITY_RESTART_TRIALS, default 3; seeded user texts):
 #   - a reference server (--ckpt 2, no --ckpt-dir, never killed) answers
 #     turn 2 of the conversation: the uninterrupted text;
-#   - server A (--ckpt 2 --ckpt-dir D) answers turn 1 (/v1/completions,
-#     temperature 0, 12 tokens), parks its checkpoint at the prompt's end,
-#     and is killed with SIGKILL;
+#   - server A (--ckpt 2 --ckpt-dir D, --local 2 by default) answers turn 1
+#     (/v1/completions, temperature 0, 12 tokens), parks its checkpoint at
+#     the prompt's end (the ids in D, each worker's layers in D/w<i>-<a>-<b>)
+#     and is killed with SIGKILL (its local workers die with it);
 #   - server B, started on the same D, answers turn 2: recovered
 #     token-identically when its text equals the reference's and its usage
 #     reports cached prompt tokens (> 0: the checkpoint was loaded from disk,
@@ -30,7 +31,10 @@ SEED=${RELIABILITY_SEED:-20}
 BASE=$((27150 + ($$ % 16) * 3))
 D=$T/ckpt
 mkdir -p "$D"
-SERVE_ARGS=(--model "$TINY" --local 0 --threads 1 --ctx 1024 --ckpt 2 --max-sessions 4 --max-queue 2)
+# RELIABILITY_RESTART_LOCAL (default 2): local workers, which die with the
+# killed coordinator and park their layers in D/w<i>-<a>-<b>; 0 = in-process
+LOCAL=${RELIABILITY_RESTART_LOCAL:-2}
+SERVE_ARGS=(--model "$TINY" --local "$LOCAL" --threads 1 --ctx 1024 --ckpt 2 --max-sessions 4 --max-queue 2)
 
 ms_now() { echo $(($(date +%s%N) / 1000000)); }
 hwm_kb() { awk '/^VmHWM:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
@@ -64,7 +68,7 @@ print(' '.join(r.choice(w) for _ in range(12)))")
     p2="$p1 And then the $words were gone."
 
     # A: turn 1, then SIGKILL
-    rm -f "$D"/*
+    rm -rf "${D:?}"/*
     serve_start "$T/a$i.out" "$T/a$i.err" "${SERVE_ARGS[@]}" --ckpt-dir "$D" --port $((BASE + 1)) || {
         bad "trial $i: server A did not start: $(tail -3 "$T/a$i.err")"
         errs=$((errs + 1))
@@ -112,6 +116,6 @@ done
 kill -TERM "$REF" 2>/dev/null
 wait "$REF" 2>/dev/null
 
-echo "ROW|coordinator (serve --ckpt 2 --ckpt-dir) killed with -9 between turns, restarted on the same directory|$TRIALS|$rec|$errs failed|$rss kB|$worst ms (restart + turn 2)"
+echo "ROW|coordinator (serve --local $LOCAL --ckpt 2 --ckpt-dir) killed with -9 between turns, restarted on the same directory|$TRIALS|$rec|$errs failed|$rss kB|$worst ms (restart + turn 2)"
 [ "$rec" -eq "$TRIALS" ] || exit 1
 exit $fail
