@@ -52,8 +52,7 @@ static const k3_opt st_table[] = {
      .offset = offsetof(st_opts, timeout_ms), .def = "3000", .min = 100, .max = 600000,
      .metavar = "MS", .help = "how long each worker may take to answer"},
     K3_LINK_OPT_HB_MS(st_opts, hb_ms),
-    {.name = "help", .flag = "--help", .short_flag = 'h', .type = K3_OPT_BOOL,
-     .offset = offsetof(st_opts, help), .help = "this text"},
+    K3_OPT_HELP(st_opts, help),
 };
 // clang-format on
 #define N_ST ((int)(sizeof st_table / sizeof st_table[0]))
