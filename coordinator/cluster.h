@@ -163,6 +163,11 @@ typedef struct k3_cluster_cli {
 } k3_cluster_cli;
 
 // clang-format off
+/* --worker-keys (a char * field f of T): also `k3-coordinator status`'s. */
+#define K3_CLUSTER_OPT_WORKER_KEYS(T, f)                                                           \
+    {.name = "worker_keys", .flag = "--worker-keys", .env = "K3_WORKER_KEYS",                      \
+     .type = K3_OPT_STRING, .offset = offsetof(T, f), .metavar = "FILE",                          \
+     .help = "worker public keys, lines 'ENDPOINT KEY' or '* KEY'"}
 #define K3_CLUSTER_OPT_ROWS(T, f)                                                                  \
     {.name = "local", .flag = "--local", .env = "K3_LOCAL", .type = K3_OPT_INT,                   \
      .offset = offsetof(T, f.local), .def = "2", .min = 0, .max = 64, .metavar = "N",             \
@@ -177,9 +182,7 @@ typedef struct k3_cluster_cli {
      .help = "a worker with steps pending and no progress this long is stalled"},                 \
     K3_LINK_OPT_INSECURE(T, f.insecure),                                                          \
     K3_LINK_OPT_CURVE_SECRET(T, f.curve_secret),                                                  \
-    {.name = "worker_keys", .flag = "--worker-keys", .env = "K3_WORKER_KEYS",                      \
-     .type = K3_OPT_STRING, .offset = offsetof(T, f.worker_keys), .metavar = "FILE",              \
-     .help = "worker public keys, lines 'ENDPOINT KEY' or '* KEY'"},                              \
+    K3_CLUSTER_OPT_WORKER_KEYS(T, f.worker_keys),                                                 \
     {.name = "worker_bin", .flag = "--worker-bin", .env = "K3_WORKER_BIN",                         \
      .type = K3_OPT_STRING, .offset = offsetof(T, f.worker_bin), .metavar = "PATH",               \
      .help = "k3-worker program for --local workers (default: next to this program)"},            \

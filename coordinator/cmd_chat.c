@@ -60,6 +60,9 @@ typedef struct chat_opts {
 #define O(f) offsetof(chat_opts, f)
 static const k3_opt chat_table[] = {
     K3_ENGINE_OPT_MODEL(chat_opts, eng),
+    /* --system, --think and --ngen are not the CLI's rows: the conversation's
+     * system prompt (also from K3_SYSTEM), on|off as the :think command takes
+     * it, and the bound of one answer (default 1024, at least 1) */
     {.name = "system",
      .flag = "--system",
      .env = "K3_SYSTEM",
@@ -89,26 +92,8 @@ static const k3_opt chat_table[] = {
      .metavar = "N",
      .help = "most tokens of one answer (thinking included)"},
     K3_SAMPLER_OPT_ROWS(chat_opts, temp, top_p, seed, "0.6"),
-    {.name = "ctx",
-     .flag = "--ctx",
-     .env = "K3_MAXT",
-     .type = K3_OPT_INT,
-     .offset = O(ctx),
-     .def = "8192",
-     .min = 2,
-     .max = K3_MAX_CTX,
-     .metavar = "N",
-     .help = "context of the conversation in tokens (prompt + answers)"},
-    {.name = "chunk",
-     .flag = "--chunk",
-     .env = "K3_CHUNK",
-     .type = K3_OPT_INT,
-     .offset = O(chunk),
-     .def = "32",
-     .min = 1,
-     .max = K3_MAX_CHUNK,
-     .metavar = "C",
-     .help = "prefill chunk in tokens"},
+    K3_ENGINE_OPT_CTX(chat_opts, ctx),
+    K3_ENGINE_OPT_CHUNK(chat_opts, chunk),
     {.name = "history",
      .flag = "--history",
      .env = "K3_CHAT_HISTORY",
@@ -133,12 +118,7 @@ static const k3_opt chat_table[] = {
      .help = "colours on a terminal (NO_COLOR in the environment also turns them off)"},
     K3_ENGINE_OPT_ROWS(chat_opts, eng),
     K3_CLUSTER_OPT_ROWS(chat_opts, cl),
-    {.name = "help",
-     .flag = "--help",
-     .short_flag = 'h',
-     .type = K3_OPT_BOOL,
-     .offset = O(help),
-     .help = "this text"},
+    K3_OPT_HELP(chat_opts, help),
 };
 #undef O
 #define N_CHAT_OPTS ((int)(sizeof chat_table / sizeof chat_table[0]))

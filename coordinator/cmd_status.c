@@ -25,6 +25,7 @@
 #include "common/base/limits.h"
 #include "common/base/log.h"
 #include "common/base/opts.h"
+#include "coordinator/cluster.h"
 #include "proto/link.h"
 #include "proto/proto.h"
 
@@ -44,16 +45,13 @@ static const k3_opt st_table[] = {
      .offset = offsetof(st_opts, workers), .max = K3_MAX_WORKERS, .metavar = "EP,...",
      .help = "worker endpoints to ask (tcp://HOST:PORT or ipc://PATH)"},
     K3_LINK_OPT_CURVE_SECRET(st_opts, curve_secret),
-    {.name = "worker_keys", .flag = "--worker-keys", .env = "K3_WORKER_KEYS",
-     .type = K3_OPT_STRING, .offset = offsetof(st_opts, worker_keys), .metavar = "FILE",
-     .help = "the workers' public keys: lines 'ENDPOINT KEY' or '* KEY'"},
+    K3_CLUSTER_OPT_WORKER_KEYS(st_opts, worker_keys),
     K3_LINK_OPT_INSECURE(st_opts, insecure),
     {.name = "timeout_ms", .flag = "--timeout-ms", .type = K3_OPT_INT,
      .offset = offsetof(st_opts, timeout_ms), .def = "3000", .min = 100, .max = 600000,
      .metavar = "MS", .help = "how long each worker may take to answer"},
     K3_LINK_OPT_HB_MS(st_opts, hb_ms),
-    {.name = "help", .flag = "--help", .short_flag = 'h', .type = K3_OPT_BOOL,
-     .offset = offsetof(st_opts, help), .help = "this text"},
+    K3_OPT_HELP(st_opts, help),
 };
 // clang-format on
 #define N_ST ((int)(sizeof st_table / sizeof st_table[0]))

@@ -83,6 +83,23 @@ void k3_engine_open_opts_from_cli(k3_engine_open_opts *o, const k3_engine_opts *
                                   const k3_cluster_cli *cl, const k3_opt *table, int n_table,
                                   const k3_opt_src *src);
 
+/* The rows the front ends share beyond the engine and cluster rows (int
+ * fields f of T), one definition each: --chunk (the CLI, serve and chat:
+ * k3_engine_open_opts.chunk) and --ctx (serve and chat: the capacity every
+ * session is opened with). The CLI's --max-ctx is another setting on the
+ * same variable K3_MAXT (0 = prompt + ngen, one generation), and so is
+ * k3-worker's (the most a session may grow to): both stay in their tables. */
+// clang-format off
+#define K3_ENGINE_OPT_CHUNK(T, f)                                                                  \
+    {.name = "chunk", .flag = "--chunk", .env = "K3_CHUNK", .type = K3_OPT_INT,                   \
+     .offset = offsetof(T, f), .def = "32", .min = 1, .max = K3_MAX_CHUNK, .metavar = "C",        \
+     .help = "prefill chunk in tokens (bit-identical results for every value)"}
+#define K3_ENGINE_OPT_CTX(T, f)                                                                    \
+    {.name = "ctx", .flag = "--ctx", .env = "K3_MAXT", .type = K3_OPT_INT,                        \
+     .offset = offsetof(T, f), .def = "8192", .min = 2, .max = K3_MAX_CTX, .metavar = "N",        \
+     .help = "context of a session in tokens (prompt + answers)"}
+// clang-format on
+
 /* Loads the model (the global tensors; every layer too when in-process),
  * the tokenizer when the directory has tiktoken.model (a broken one is an
  * error, a missing one means ids only), then opens the trunk. Logs the

@@ -105,6 +105,12 @@ static const k3_opt coord_table[] = {
      .offset = O(ids),
      .metavar = "5,7,9",
      .help = "raw prompt ids (commas or spaces), no BOS added"},
+    /* Own rows, unlike chat's and serve's of the same flag or variable:
+     * --ngen may be 0 (prompt only, for --all-logits / --trace) and defaults to
+     * a short run; --max-ctx sizes one generation (0 = prompt + ngen) where
+     * K3_ENGINE_OPT_CTX is a session's fixed capacity; --think is a switch
+     * for one turn (chat's takes on|off, as its :think does); --system only
+     * goes with --chat and has no variable (chat's reads K3_SYSTEM). */
     {.name = "ngen",
      .flag = "--ngen",
      .env = "K3_NGEN",
@@ -115,16 +121,7 @@ static const k3_opt coord_table[] = {
      .max = K3_MAX_NGEN,
      .metavar = "N",
      .help = "tokens to generate"},
-    {.name = "chunk",
-     .flag = "--chunk",
-     .env = "K3_CHUNK",
-     .type = K3_OPT_INT,
-     .offset = O(chunk),
-     .def = "32",
-     .min = 1,
-     .max = K3_MAX_CHUNK,
-     .metavar = "C",
-     .help = "prefill chunk in tokens (bit-identical results for every value)"},
+    K3_ENGINE_OPT_CHUNK(coord_opts, chunk),
     K3_SAMPLER_OPT_ROWS(coord_opts, temp, top_p, seed, "0"),
     {.name = "print_ids",
      .flag = "--print-ids",
@@ -244,6 +241,8 @@ static const k3_opt coord_table[] = {
      .max = K3_MAX_CHUNK,
      .metavar = "T",
      .help = "tokens per pipelined micro-chunk, 0 = one piece per stage (>= 8 tokens)"},
+    /* passed to each local worker (its --max-sessions), 0 = the worker's
+     * default; serve's --max-sessions is the server's own pool */
     {.name = "max_sessions",
      .flag = "--max-sessions",
      .type = K3_OPT_INT,
@@ -264,12 +263,7 @@ static const k3_opt coord_table[] = {
      .offset = O(stripe_remote),
      .help = "--stripe, and --local worker i reads only the drives d % N == i (for every MoE "
              "layer) and serves them to the other workers (expert calls)"},
-    {.name = "help",
-     .flag = "--help",
-     .short_flag = 'h',
-     .type = K3_OPT_BOOL,
-     .offset = O(help),
-     .help = "this text"},
+    K3_OPT_HELP(coord_opts, help),
 };
 #undef O
 #define N_COORD_OPTS ((int)(sizeof coord_table / sizeof coord_table[0]))

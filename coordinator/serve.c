@@ -128,6 +128,8 @@ static const k3_opt serve_table[] = {
      .max = K3_SERVE_MAX_QUEUE,
      .metavar = "N",
      .help = "generations running at once (at most --max-queue: the smaller wins)"},
+    /* not the CLI's --max-sessions (what each local worker holds): the
+     * conversations the server keeps, so it has a variable and at least 1 */
     {.name = "max_sessions",
      .flag = "--max-sessions",
      .env = "K3_MAX_SESSIONS",
@@ -159,16 +161,8 @@ static const k3_opt serve_table[] = {
      .help = "park every turn checkpoint in DIR too (local workers in DIR/w<i>-<a>-<b>, remote "
              "ones in their own --ckpt-dir): a restarted server resumes a conversation from its "
              "last turn instead of prefilling it (needs --ckpt N)"},
-    {.name = "ctx",
-     .flag = "--ctx",
-     .env = "K3_MAXT",
-     .type = K3_OPT_INT,
-     .offset = O(ctx),
-     .def = "8192",
-     .min = 2,
-     .max = K3_MAX_CTX,
-     .metavar = "N",
-     .help = "context of every session in tokens (prompt + completion)"},
+    K3_ENGINE_OPT_CTX(serve_opts, ctx),
+    /* K3_NGEN as in the CLI and chat, but here only a request's default */
     {.name = "max_tokens",
      .flag = "--max-tokens",
      .env = "K3_NGEN",
@@ -179,16 +173,7 @@ static const k3_opt serve_table[] = {
      .max = K3_MAX_NGEN,
      .metavar = "N",
      .help = "max_tokens of a request that gives none"},
-    {.name = "chunk",
-     .flag = "--chunk",
-     .env = "K3_CHUNK",
-     .type = K3_OPT_INT,
-     .offset = O(chunk),
-     .def = "32",
-     .min = 1,
-     .max = K3_MAX_CHUNK,
-     .metavar = "C",
-     .help = "prefill chunk in tokens"},
+    K3_ENGINE_OPT_CHUNK(serve_opts, chunk),
     {.name = "drain_s",
      .flag = "--drain-s",
      .type = K3_OPT_INT,
@@ -227,12 +212,7 @@ static const k3_opt serve_table[] = {
      .help = "model id in /v1/models (default: the model directory's name)"},
     K3_ENGINE_OPT_ROWS(serve_opts, eng),
     K3_CLUSTER_OPT_ROWS(serve_opts, cl),
-    {.name = "help",
-     .flag = "--help",
-     .short_flag = 'h',
-     .type = K3_OPT_BOOL,
-     .offset = O(help),
-     .help = "this text"},
+    K3_OPT_HELP(serve_opts, help),
 };
 #undef O
 #define N_SERVE_OPTS ((int)(sizeof serve_table / sizeof serve_table[0]))

@@ -53,8 +53,10 @@ void serve_metrics_add(serve_metrics *m, const serve_job_stats *st);
 json_t *serve_workers_json(k3_engine *e, const k3_engine_opts *eng, const serve_metrics *m,
                            double *hit_rate, double *gb_read);
 
-/* The /metrics text (malloc'd): counters of m, the queue (running of
- * max_running), sessions, and per-stage busy seconds and expert bytes. */
+/* The /metrics text (malloc'd): every family of serve_stats.c's one table
+ * that applies (counters of m, the queue: running of max_running, waiting of
+ * max_queue, sessions; per stage busy seconds and expert bytes; the Vulkan
+ * tier; with workers, expert striping and their tiers), in its order. */
 char *serve_metrics_text(k3_engine *e, const serve_metrics *m, int running, int max_running,
                          int waiting, int max_queue);
 

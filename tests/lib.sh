@@ -18,6 +18,14 @@
 #   port                 a free tcp port on 127.0.0.1
 #   wait_line FILE RE PID [S]  wait until FILE has a line matching the grep
 #                        RE (0), PID exits (1) or S seconds pass (1; 300)
+#   identity_runs SEED N NGEN  IDS = N random prompt ids below 1280 (tiny's
+#                        vocabulary; python's random.Random(SEED)), and for
+#                        bit-identity checks:
+#                          run NAME ARGS...  $C --model $TINY --ids $IDS --ngen NGEN
+#                            --print-ids --threads 1 --usage off ARGS: logits in
+#                            $T/NAME.f32, the ids line in $T/NAME.ids, stdout and
+#                            stderr in $T/NAME.out / .err; returns its status
+#                          same A B  runs A and B gave the same logits and ids (some)
 # and exports TSAN_OPTIONS (tests/tsan_env.sh) for a script run alone.
 
 . "$(dirname "${BASH_SOURCE[0]}")/tsan_env.sh"
@@ -107,4 +115,21 @@ wait_line() { # file re pid [seconds]
         sleep 0.1
     done
     grep -q -- "$2" "$1" 2>/dev/null
+}
+
+identity_runs() { # SEED N NGEN
+    IDS=$(/usr/bin/python3 -c "import random; r=random.Random($1); print(','.join(str(r.randrange(1280)) for _ in range($2)))")
+    IDENTITY_NGEN=$3
+    run() { # name args...
+        local name=$1
+        shift
+        "$C" --model "$TINY" --ids "$IDS" --ngen "$IDENTITY_NGEN" --print-ids --threads 1 \
+            --usage off --all-logits "$T/$name.f32" "$@" >"$T/$name.out" 2>"$T/$name.err"
+        local rc=$?
+        grep '^ids:' "$T/$name.out" >"$T/$name.ids"
+        return $rc
+    }
+    same() { # a b
+        cmp -s "$T/$1.f32" "$T/$2.f32" && cmp -s "$T/$1.ids" "$T/$2.ids" && [ -s "$T/$1.ids" ]
+    }
 }

@@ -95,6 +95,9 @@ static const k3_opt table[] = {
      .offset = O(numa_auto),
      .def = "0",
      .help = "pin to the NUMA node of the drive that holds this worker's first layer (sysfs)"},
+    /* --max-sessions and --max-ctx are the worker's limits: what it holds,
+     * and the most a session may grow to (the coordinator's --ctx / --max-ctx
+     * must fit in it), hence their own defaults */
     {.name = "max-sessions",
      .flag = "--max-sessions",
      .type = K3_OPT_INT,
@@ -234,12 +237,7 @@ static const k3_opt table[] = {
      .type = K3_OPT_BOOL,
      .offset = O(verbose),
      .help = "per-layer load progress"},
-    {.name = "help",
-     .flag = "--help",
-     .short_flag = 'h',
-     .type = K3_OPT_BOOL,
-     .offset = O(help),
-     .help = "this text"},
+    K3_OPT_HELP(wopts, help),
 };
 #undef O
 #define N_TABLE ((int)(sizeof table / sizeof table[0]))

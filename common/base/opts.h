@@ -73,6 +73,16 @@ typedef struct k3_opt {
     const char *help;                      /* one line */
 } k3_opt;
 
+/* The -h / --help row (an int field f of T), last in every program's table
+ * so that --help ends with it. A macro because a static table cannot
+ * include another array (the same holds for the other shared rows:
+ * K3_ENGINE_OPT_ROWS, K3_CLUSTER_OPT_ROWS, K3_SAMPLER_OPT_ROWS, ...). */
+// clang-format off
+#define K3_OPT_HELP(T, f)                                                                          \
+    {.name = "help", .flag = "--help", .short_flag = 'h', .type = K3_OPT_BOOL,                    \
+     .offset = offsetof(T, f), .help = "this text"}
+// clang-format on
+
 /* Fills target from defaults, then the environment, then argv[1..argc).
  * Arguments that are not options (and everything after "--") are returned in
  * positional[0..*n_positional) (pointers into argv; positional has room for
