@@ -134,7 +134,7 @@ static void *loader_main(void *arg) {
         /* The slot is pinned by the item and LOADING: its buffer is ours
          * until exp_read_done publishes it. */
         exp_layer *L = it->b->L;
-        exp_slot *slot = &L->slots[it->slot];
+        exp_slot *slot = exp_item_slot(it);
         double t0 = k3_now_ms();
         k3_status st = exp_read_expert(s, it->b->layer, it->id, &L->loc[it->id], slot, it->err,
                                        sizeof it->err);

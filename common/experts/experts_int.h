@@ -68,6 +68,9 @@ typedef struct exp_item {
     int miss;              /* this batch queued the read */
     int reading;           /* queued or being read (guarded by the layer mutex) */
     int put;               /* released by the consumer */
+    int admitted;          /* has its slot or staging entry */
+    int got;               /* handed out (batch_get / batch_next) */
+    int stg;               /* staging entry of an any-order batch, -1 = a cache slot */
     k3_status st;          /* read result (loader) */
     char err[320];         /* read error message (loader) */
     struct exp_item *next; /* loader queue link */
@@ -90,6 +93,14 @@ struct k3_expert_batch {
     k3_expert_stats st;   /* this batch's counters */
     k3_expert_stats *out; /* caller's stats, may be NULL */
     int quiet;            /* 1: not added to the store's totals (warm start reads) */
+    /* any-order batches (k3_experts_batch_open_any) */
+    int unordered;    /* opened with _any: batch_next hands out ready experts */
+    int staged;       /* unordered and striped: misses go to staging entries */
+    exp_slot *stg;    /* [drives * read_depth] staging entries, drive d's at [d * depth ..) */
+    uint8_t *stg_on;  /* [same] entry holds an item */
+    uint8_t *stg_res; /* [same] entry holds a reservation of the store's staging pool */
+    int stg_used[K3_MAX_DIRS]; /* entries in use per drive */
+    int n_got;
 };
 
 /* A read queue and its loader threads. */
@@ -134,7 +145,21 @@ struct k3_experts {
     uint32_t drive_mask;               /* k3_experts_opts.drive_mask: drives read here, 0 = all */
     exp_drive drives[K3_MAX_DIRS];     /* [placement drives] */
     uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes read per queue (stats_mu) */
+    /* staging pool of any-order batches (experts.c): buffers reserved by
+     * batches or free for reuse; stage_mu is taken alone or inside a layer
+     * mutex (order: layer, then stage_mu) */
+    int read_depth; /* per drive, 0 = no staging */
+    pthread_mutex_t stage_mu;
+    unsigned char **stage_free; /* [stage_cap] buffers free for reuse */
+    int n_stage_free;
+    int stage_bufs; /* reservations held by batches + free buffers */
+    int stage_cap;  /* drives x read_depth x 2 */
 };
+
+/* The buffer an item's read goes to: its staging entry or its cache slot. */
+static inline exp_slot *exp_item_slot(exp_item *it) {
+    return it->stg >= 0 ? &it->b->stg[it->stg] : &it->b->L->slots[it->slot];
+}
 
 /* expert_io.c */
 k3_status exp_loaders_start(k3_experts *s, int n, char *err, size_t errlen);
