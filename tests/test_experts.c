@@ -903,8 +903,10 @@ static void test_budget(void) {
 }
 
 /* Any-order batches on a placement of 2 drives whose files are links to
- * the tiny shards (2:1 weights). */
-static void test_staged(const char *tiny) {
+ * the tiny shards (2:1 weights); split: a byte-split placement cut on 64
+ * bytes, so every tiny expert (1632 bytes) is read in two pieces. */
+static void test_staged(const char *tiny, int split) {
+    const char *tag = split ? "split, " : "";
     char dir[] = "/tmp/plan-test-staged.XXXXXX";
     if (!mkdtemp(dir)) {
         CHECK(0, "mkdtemp: %s", strerror(errno));
@@ -931,10 +933,11 @@ static void test_staged(const char *tiny) {
     k3_expert_geom g;
     k3_expert_geom_init(&g, &x.cfg);
     double w[2] = {2, 1};
-    k3_place_input in = {dp, 2, w, 0, x.cfg.n_layers, x.cfg.n_experts, x.cfg.is_moe, g.total, NULL};
+    k3_place_input in = {dp,      2,    w,     0, x.cfg.n_layers, x.cfg.n_experts, x.cfg.is_moe,
+                         g.total, NULL, split, 64};
     k3_placement *pl = NULL;
     k3_status st = k3_placement_build(&pl, &in, err, sizeof err);
-    CHECK(st == K3_OK, "placement over 2 drives: %s", st ? err : "built");
+    CHECK(st == K3_OK, "%splacement over 2 drives: %s", tag, st ? err : "built");
     int layer = 0;
     while (layer < x.cfg.n_layers && !x.cfg.is_moe[layer]) layer++;
     store_close(&x);
@@ -973,7 +976,15 @@ static void test_staged(const char *tiny) {
         uint64_t want0 = (uint64_t)k3_placement_count(pl, layer, 0) * g.total;
         uint64_t want1 = (uint64_t)k3_placement_count(pl, layer, 1) * g.total;
         uint64_t got0 = k3_experts_drive_bytes(x.s, 0), got1 = k3_experts_drive_bytes(x.s, 1);
-        if (depth_of[c] > 0) {
+        if (split) { /* every expert from both drives, 2:1 by bytes */
+            uint64_t all = (s1.misses + s2.misses) * g.total;
+            CHECK(st == K3_OK && !bad && !dup && s1.misses == (uint64_t)n && got0 + got1 == all &&
+                      got0 > got1 + got1 / 2 && got1 > all / 4,
+                  "split, %d slot(s), depth %d: %d experts each once with their bytes (%d wrong, "
+                  "%d twice), drive bytes %llu / %llu of %llu (%s)",
+                  slots_of[c], depth_of[c], n, bad, dup, (unsigned long long)got0,
+                  (unsigned long long)got1, (unsigned long long)all, st ? err : "ok");
+        } else if (depth_of[c] > 0) {
             CHECK(st == K3_OK && k3_experts_read_depth(x.s) == depth_of[c] && !bad && !dup &&
                       s1.misses == (uint64_t)n && got0 >= want0 && got1 >= want1 &&
                       got0 + got1 == (s1.misses + s2.misses) * g.total,
@@ -1008,7 +1019,8 @@ int main(void) {
         TEST_MAIN_END();
     }
     test_read_path(tiny);
-    test_staged(tiny);
+    test_staged(tiny, 0);
+    test_staged(tiny, 1);
     test_faults(tiny);
     test_history(tiny);
     test_bit_identity(tiny);

@@ -44,7 +44,7 @@ static void test_deal(void) {
     /* the same counts as the placement the engine reads */
     const char *drives[4] = {"/a", "/b", "/c", "/d"};
     uint8_t is_moe[2] = {0, 1};
-    k3_place_input in = {drives, 4, w4, 1, 2, 16, is_moe, (uint64_t)B, NULL};
+    k3_place_input in = {drives, 4, w4, 1, 2, 16, is_moe, (uint64_t)B, NULL, 0, 0};
     k3_placement *p = NULL;
     char err[256];
     k3_status st = k3_placement_build(&p, &in, err, sizeof err);

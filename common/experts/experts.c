@@ -142,6 +142,12 @@ k3_status k3_experts_open(k3_experts **out, st_index *idx, const k3_config *cfg,
     s->slot_bytes = slot_bytes;
     s->direct = opts->direct;
     s->pipe = opts->pipe;
+    if (opts->placement && opts->drive_mask && k3_placement_split(opts->placement))
+        return k3_errf(K3_ERR_ARG, err, errlen,
+                       "expert store: placement %s is byte-split (every expert on every drive): "
+                       "serving some of its drives to other workers needs an expert-grained "
+                       "placement (k3-coordinator place without --split)",
+                       k3_placement_path(opts->placement));
     s->placement = opts->placement;
     s->drive_mask = opts->drive_mask;
     pthread_mutex_init(&s->stats_mu, NULL);
@@ -330,6 +336,18 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
             if (loc->shard[p] != loc->shard[0] ||
                 loc->off[p] != loc->off[p - 1] + s->geom.bytes[p - 1])
                 loc->contiguous = 0;
+        /* byte-split: a piece on every drive; each drive holding one opens
+         * its copy of the shard now (a missing or short file is refused at
+         * start) */
+        loc->split = s->placement && k3_placement_split(s->placement);
+        for (int d = 0; loc->split && d < k3_placement_drives(s->placement) && st == K3_OK; d++)
+            for (int p = 0; p < (loc->contiguous ? 1 : K3_EXP_PARTS) && st == K3_OK; p++) {
+                uint64_t lo, hi;
+                k3_placement_piece(s->placement, d, loc->off[p],
+                                   loc->contiguous ? s->geom.total : s->geom.bytes[p], &lo, &hi);
+                if (hi > lo) st = exp_stripe_open(s, d, loc->shard[p], layer, e, err, errlen);
+            }
+        if (st != K3_OK) break;
         keys[n_keys].shard_name = st_shard_name(s->idx, loc->shard[0]);
         keys[n_keys].off = loc->off[0];
         keys[n_keys].id = e;
@@ -562,6 +580,9 @@ static void admit_staged(k3_expert_batch *b) {
             b->st.hits++;
         } else {
             int d = L->loc[it->id].drive < 0 ? 0 : L->loc[it->id].drive;
+            if (L->loc[it->id].split) /* reads every drive: any drive's free entries */
+                for (d = 0; d < k3_experts_drives(s) - 1 && b->stg_used[d] >= Q; d++) {
+                }
             if (b->stg_used[d] >= Q) continue; /* this drive has its reads: later */
             int k = d * Q;
             while (b->stg_on[k]) k++;
