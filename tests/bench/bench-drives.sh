@@ -46,6 +46,10 @@
 # spans every MoE layer, XSLOTS (default max(1, SLOTS / N)) slots per
 # layer, so the N workers together hold about SLOTS per layer like the
 # other modes.
+# STRIPE=3: STRIPE=1 with a byte-split placement (`place --split`: every
+# expert's bytes cut over the N drives, so every MoE layer reads 1/N from
+# each drive); STRIPE=split = 0 1 3 (expert-grained and byte-split side by
+# side).
 # Default (STRIPE=all): each N run unstriped, striped and cross-worker
 # striped, so the three are measured side by side; STRIPE=both = 0 and 1.
 # Everything made here (loop devices, mounts, cgroups, /dev/shm files,
@@ -70,7 +74,7 @@ CACHE_PER=${CACHE_PER:-layer} # layer | worker (see above)
 # as workers on their own NUMA nodes or hosts would have
 WORKER_THREADS=${WORKER_THREADS:-all}
 STRIPE=${STRIPE:-all} # 0 = per-worker drives, 1 = striped over all drives, 2 = cross-worker, both = 0 1, all = 0 1 2
-case $STRIPE in 0) MODES=0 ;; 1) MODES=1 ;; 2) MODES=2 ;; both) MODES="0 1" ;; all) MODES="0 1 2" ;; *) echo "bench-drives: STRIPE=$STRIPE: 0, 1, 2, both or all" >&2; exit 2 ;; esac
+case $STRIPE in 0) MODES=0 ;; 1) MODES=1 ;; 2) MODES=2 ;; both) MODES="0 1" ;; all) MODES="0 1 2" ;; 3) MODES=3 ;; split) MODES="0 1 3" ;; *) echo "bench-drives: STRIPE=$STRIPE: 0, 1, 2, 3, both, split or all" >&2; exit 2 ;; esac
 case $WORKER_THREADS in all | split) ;; *) echo "bench-drives: WORKER_THREADS=$WORKER_THREADS: all or split" >&2; exit 2 ;; esac
 case $CACHE_PER in layer | worker) ;; *) echo "bench-drives: CACHE_PER=$CACHE_PER: layer or worker" >&2; exit 2 ;; esac
 LOAD_TIMEOUT=${LOAD_TIMEOUT:-600} # s for the workers to load
@@ -240,6 +244,7 @@ run_n() {
     local N=$1 M=${2:-0} i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
     [ "$M" = 1 ] && { run_striped "$N"; return; }
     [ "$M" = 2 ] && { run_striped "$N" x; return; }
+    [ "$M" = 3 ] && { run_striped "$N" "" split; return; }
     local wthreads
     plan_for "$N" || return 1
     echo
@@ -322,14 +327,15 @@ drive() {
 # N workers (same layer split and budgets) read all drives, in one cgroup
 # throttling each device to DRIVE_MBPS.
 run_striped() {
-    local N=$1 X=${2:-} i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" dlist=""
+    local N=$1 X=${2:-} S=${3:-} mt=1 i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" dlist=""
     local wthreads
     plan_for "$N" || return 1
+    [ -n "$S" ] && mt=3
     echo
     if [ -n "$X" ]; then
         echo "=== $N worker(s), $N drive(s), STRIPE=2 (striped; worker i reads drive i only and serves it to the others) ==="
     else
-        echo "=== $N worker(s), $N drive(s), STRIPE=1 (every MoE layer's experts striped over all drives) ==="
+        echo "=== $N worker(s), $N drive(s), STRIPE=$mt (every MoE layer's experts striped over all drives${S:+, the bytes of each expert split over them}) ==="
     fi
     local t_setup; t_setup=$(date +%s)
     mkdir -p "$T/smodel"
@@ -346,7 +352,7 @@ run_striped() {
         MOUNTS+=("$T/sdrive$i")
         dlist+="${dlist:+,}$T/sdrive$i" devs+="${devs:+,}$(basename "$loop")"
     done
-    "$BUILD/k3-coordinator" place --model "$T/smodel" --drives "$dlist" --usage off \
+    "$BUILD/k3-coordinator" place --model "$T/smodel" --drives "$dlist" --usage off ${S:+--split} \
         --out "$T/placement.json" 2>&1 | tail -$((N + 1)) | sed 's/^/  /' || return 1
     [ -s "$T/placement.json" ] || { echo "bench-drives: place failed"; return 1; }
     [ -n "$X" ] && { run_xworkers "$N" "$devs"; return; }
@@ -381,7 +387,7 @@ run_striped() {
     done
     sync
     echo 3 >/proc/sys/vm/drop_caches
-    drive "$N.1" "$T/smodel" "$eps" "$devs" "$pids"
+    drive "$N.$mt" "$T/smodel" "$eps" "$devs" "$pids"
 }
 
 # STRIPE=2 after run_striped made the drives and the placement: worker i
