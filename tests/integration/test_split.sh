@@ -10,11 +10,12 @@
 #    on 2 and 3 local workers, chunk 32 and 1; `--local 2 --stripe --split
 #    --dirs` (3 drives, hard links) too;
 #  - refusals at start, naming the thing: a missing piece file, a piece file
-#    of the wrong size, --split without --stripe or with --stripe-remote,
+#    of the wrong size, --split without --stripe or with --stripe-remote, a
+#    worker serving some drives (--stripe-drives) of a split placement,
 #    repack --placement with a split placement.
 set -u
 . "$(dirname "$0")/../lib.sh"
-need_bins "$C"
+need_bins "$C" "$W"
 make_tmp split-test
 export K3_LOG=warn
 
@@ -118,6 +119,13 @@ truncate -s +1 "$f"
 "$C" --model "$TINY" --ids 1,2 --local 2 --stripe-remote --split --dirs "$T/e0,$T/e1" 2>"$T/remote.err"
 [ $? = 2 ] && grep -q -- 'not --stripe-remote' "$T/remote.err" &&
     ok "--split with --stripe-remote is a usage error" || bad "--split --stripe-remote: $(cat "$T/remote.err")"
+timeout 60 "$W" --model "$TINY" --layers 0-8 --listen "ipc://$T/w.sock" --placement "$T/s2.json" \
+    --stripe-drives 0 --expert-listen "ipc://$T/x.sock" --stripe-peers "1=ipc://$T/y.sock" \
+    --insecure --no-bench --usage off 2>"$T/xs.err"
+rc=$?
+[ $rc != 0 ] && [ $rc != 124 ] && grep -q "s2.json is byte-split .*: serving some of its drives to other workers needs an expert-grained placement" "$T/xs.err" &&
+    ok "a worker serving some drives of a split placement is refused at start naming it" ||
+    bad "--stripe-drives with a split placement (exit $rc): $(tail -2 "$T/xs.err")"
 "$C" repack "$TINY" "$T/rp" --placement "$T/s3.json" 2>"$T/repack.err"
 grep -q 'is byte-split (placement version 2): repack writes whole experts' "$T/repack.err" &&
     ok "repack --placement with a split placement is refused naming it" ||
