@@ -188,22 +188,39 @@ static k3_status collect(st_index *idx, const k3_config *cfg, const k3_placement
                                         "w2.weight_scale",  "w3.weight_packed", "w3.weight_scale"};
     int cap = 1024, n = 0;
     prange *r = k3_xmalloc((size_t)cap * sizeof *r);
+    int nd = k3_placement_drives(p), split = k3_placement_split(p);
     for (int l = 0; l < cfg->n_layers; l++) {
         if (!cfg->is_moe[l] || (lb > 0 && (l < la || l >= lb))) continue;
         for (int e = 0; e < cfg->n_experts; e++) {
+            const st_tensor *t[6];
+            int contiguous = 1;
             for (int k = 0; k < 6; k++) {
                 char name[K3_ST_MAX_NAME];
                 snprintf(name, sizeof name, "%smodel.layers.%d.block_sparse_moe.experts.%d.%s",
                          prefix, l, e, part[k]);
-                const st_tensor *t;
-                k3_status st = st_find_opt(idx, name, &t, err, errlen);
+                k3_status st = st_find_opt(idx, name, &t[k], err, errlen);
                 if (st != K3_OK) {
                     free(r);
                     return st;
                 }
-                if (!t) continue; /* absent from the checkpoint: nothing to place */
-                if (n == cap) cap *= 2, r = k3_xrealloc(r, (size_t)cap * sizeof *r);
-                r[n++] = (prange){k3_placement_drive_of(p, l, e), t->shard, t->offset, t->nbytes};
+                if (!t[k] || (k && (!t[k - 1] || t[k]->shard != t[0]->shard ||
+                                    t[k]->offset != t[k - 1]->offset + t[k - 1]->nbytes)))
+                    contiguous = 0;
+            }
+            /* split: the span the store cuts (common/experts/placement.h):
+             * the expert when its tensors are back to back, else each */
+            for (int k = 0; k < 6; k++) {
+                if (!t[k] || (split && contiguous && k)) continue; /* absent: nothing to place */
+                uint64_t len =
+                    split && contiguous ? t[5]->offset + t[5]->nbytes - t[0]->offset : t[k]->nbytes;
+                for (int d = 0; d < (split ? nd : 1); d++) {
+                    uint64_t lo = t[k]->offset, hi = lo + len;
+                    if (split) k3_placement_piece(p, d, t[k]->offset, len, &lo, &hi);
+                    if (hi == lo) continue; /* this drive holds none of it */
+                    if (n == cap) cap *= 2, r = k3_xrealloc(r, (size_t)cap * sizeof *r);
+                    r[n++] = (prange){split ? d : k3_placement_drive_of(p, l, e), t[k]->shard, lo,
+                                      hi - lo};
+                }
             }
         }
     }
@@ -255,7 +272,9 @@ k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen) {
                          .n_experts = cfg.n_experts,
                          .is_moe = cfg.is_moe,
                          .expert_bytes = g.total,
-                         .usage = usage};
+                         .usage = usage,
+                         .split = req->split,
+                         .align = req->align};
     k3_placement *p = NULL;
     if (st == K3_OK) st = k3_placement_build(&p, &in, err, errlen);
     free(usage);
@@ -285,11 +304,21 @@ k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen) {
     if (st == K3_OK && req->progress) {
         for (int d = 0; d < req->n_drives; d++) {
             int ne = 0;
+            uint64_t bytes = 0; /* of the layers laid out here */
+            for (int i = 0; i < n; i++) bytes += r[i].drive == d ? r[i].len : 0;
             for (int l = 0; l < cfg.n_layers; l++)
                 if (cfg.is_moe[l]) ne += k3_placement_count(p, l, d);
-            fprintf(stderr, "place: drive %d %s: %d experts (%.2f GB), weight %g\n", d,
-                    req->drives[d], ne, (double)ne * (double)g.total / 1e9,
-                    k3_placement_drive_weight(p, d));
+            if (req->split)
+                fprintf(stderr,
+                        "place: drive %d %s: a piece of every expert (%.2f GB, %.1f%% of the "
+                        "expert bytes), weight %g\n",
+                        d, req->drives[d], (double)bytes / 1e9,
+                        pg.total ? 100.0 * (double)bytes / (double)pg.total : 0.0,
+                        k3_placement_drive_weight(p, d));
+            else
+                fprintf(stderr, "place: drive %d %s: %d experts (%.2f GB), weight %g\n", d,
+                        req->drives[d], ne, (double)ne * (double)g.total / 1e9,
+                        k3_placement_drive_weight(p, d));
         }
         fprintf(stderr,
                 "place: %d files, expert bytes: %.2f GB (%llu B) copied, %.2f GB (%llu B) "
@@ -305,7 +334,7 @@ k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen) {
     return st;
 }
 
-k3_status k3_place_stripe_dirs(k3_engine_opts *eng, char *err, size_t errlen) {
+k3_status k3_place_stripe_dirs(k3_engine_opts *eng, int split, char *err, size_t errlen) {
     if (eng->placement)
         return k3_errf(
             K3_ERR_ARG, err, errlen,
@@ -321,6 +350,7 @@ k3_status k3_place_stripe_dirs(k3_engine_opts *eng, char *err, size_t errlen) {
                         .topp = eng->expert_topp,
                         .max_layers = eng->max_layers,
                         .out = out,
+                        .split = split,
                         .progress = 1};
     k3_status st = k3_place_layout(&req, err, errlen);
     if (st == K3_OK) eng->placement = k3_xstrdup(out);
@@ -388,7 +418,7 @@ k3_status k3_place_read_plan(const char *path, uint64_t fp, char ***paths, doubl
 typedef struct place_opts {
     char *model, *plan, *out, *usage, *layers;
     k3_opt_list drives, weights, dirs;
-    int copy, help;
+    int copy, help, split, align;
     double topp;
 } place_opts;
 
@@ -457,6 +487,22 @@ static const k3_opt place_table[] = {
      .metavar = "A-B",
      .help = "lay out only the experts of layers [A, B) (a worker's, on its host; the placement "
              "file still places every layer)"},
+    {.name = "split",
+     .flag = "--split",
+     .type = K3_OPT_BOOL,
+     .offset = PO(split),
+     .help = "byte-split: every expert's bytes cut over all drives by weight (placement version "
+             "2), so each pick reads from every drive"},
+    {.name = "align",
+     .flag = "--align",
+     .type = K3_OPT_INT,
+     .offset = PO(align),
+     .def = "4096",
+     .min = 1,
+     .max = 1 << 30,
+     .metavar = "BYTES",
+     .help = "--split: cut points aligned to this power of two (4096: O_DIRECT reads; smaller "
+             "cuts are read buffered)"},
     {.name = "copy",
      .flag = "--copy",
      .type = K3_OPT_BOOL,
@@ -575,6 +621,8 @@ int cmd_place(int argc, char **argv) {
                         .topp = o.topp,
                         .out = out,
                         .force_copy = o.copy,
+                        .split = o.split,
+                        .align = (uint64_t)o.align,
                         .layer_a = la,
                         .layer_b = lb,
                         .progress = 1};

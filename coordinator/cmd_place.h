@@ -3,6 +3,7 @@
  *
  *   k3-coordinator place --model DIR [--plan PLAN.json] [--drives D1,D2,...]
  *                        [--weights W1,W2,...] [--dirs S1,S2,...] [--out FILE] [--copy]
+ *                        [--split [--align BYTES]]
  *
  * Builds a placement (common/experts/placement.h) from the drives' shares
  * (a plan file's "share", or --weights, or equal) and the usage history,
@@ -37,6 +38,8 @@ typedef struct k3_place_req {
                              holding one worker's shards); 0, 0 = every layer. The placement
                              file still places every MoE layer */
     int progress;         /* 1: progress on stderr */
+    int split;            /* 1: byte-split placement (every expert over every drive) */
+    uint64_t align;       /* split: cut alignment, 0 = 4096 */
 } k3_place_req;
 
 /* Builds the placement, lays the bytes out, writes req->out. */
@@ -46,9 +49,10 @@ k3_status k3_place_layout(const k3_place_req *req, char *err, size_t errlen);
  * experts out over eng->dirs with equal weights and no usage history (so
  * that reruns find the layout complete), writes
  * <dirs[0]>/k3-stripe/placement.json and points eng->placement at it
- * (owned by eng). Refused without --dirs or with --placement. */
+ * (owned by eng). Refused without --dirs or with --placement. split: a
+ * byte-split placement (--split). */
 struct k3_engine_opts;
-k3_status k3_place_stripe_dirs(struct k3_engine_opts *eng, char *err, size_t errlen);
+k3_status k3_place_stripe_dirs(struct k3_engine_opts *eng, int split, char *err, size_t errlen);
 
 /* Drive paths (*paths[*n], malloc'd each and the array; the caller frees)
  * and shares (w[K3_MAX_DIRS]) from a plan file (k3-coordinator plan's

@@ -1,17 +1,22 @@
 /* coordinator/cmd_plan.c: `k3-coordinator plan` (cmd_plan.h).
  *
- * The model of a token (single-session decode, what the plan optimises):
- * each MoE layer reads topk experts that miss the cache, K = topk x slot x
- * (1 - hit), hit ~ cache / expert bytes of the worker's layers (routing
- * spread over the experts). A worker's layers are striped over its drives
- * in proportion to their measured 17.5 MB random read speed, so a layer's
- * K bytes come from all of them at once in the same time: K / sum(rand).
- * Layers run one after the other, so s/token = sum over MoE layers of
- * K / bw(worker of the layer). With one worker per NUMA node (drives read
- * by the node they hang off), that sum is smallest when each worker's
- * expert bytes are proportional to its drives' bandwidth, which is also
- * what keeps a prefill pipeline's stages balanced. Compute and network
- * time are not in the figure: it is the drive bound, a lower bound.
+ * The model of a token (single-session decode, what the plan optimises;
+ * coordinator/plan_model.h has the formula): each MoE layer reads the
+ * topk experts that miss the cache, topk x (1 - hit) with hit = the
+ * engine's slots per layer / experts per layer (routing spread over the
+ * experts). A worker's experts are striped over its drives in proportion
+ * to their measured 17.5 MB random read speed (the placement `place` and
+ * `repack --placement` build), so a layer waits for the drive that gets
+ * the most of its misses (expected over the ways they fall), the engine
+ * keeping every drive busy (read_depth reads in flight per drive,
+ * common/experts/experts.h). Compute that does not overlap the reads
+ * (router, attention, latent up projection, the last expert) adds to it,
+ * and the work under the reads counts where it exceeds them; both come
+ * from the host's kernels measured at the model's shapes. Layers run one
+ * after the other. With one worker per NUMA node (drives read by the node
+ * they hang off), the read part is smallest when each worker's expert
+ * bytes are proportional to its drives' bandwidth, which is also what
+ * keeps a prefill pipeline's stages balanced.
  *
  * Several hosts (--hosts FILE, plan_hosts.h): the same model over every
  * (host, NUMA node) with drives, in the file's host order; a host's RAM
@@ -37,6 +42,7 @@
 #include "coordinator/drives.h"
 #include "coordinator/model_info.h"
 #include "coordinator/plan_hosts.h"
+#include "coordinator/plan_model.h"
 
 typedef struct plan_cli {
     char *model;
@@ -111,6 +117,9 @@ typedef struct pworker {
     int first, last;       /* layers, inclusive */
     uint64_t expert_bytes; /* of its layers */
     double cache_gb;
+    int slots;     /* engine slots per MoE layer for cache_gb */
+    double misses; /* expected misses per MoE layer */
+    double read_s; /* expected read time per MoE layer */
 } pworker;
 
 /* Everything a plan is made of. */
@@ -124,6 +133,8 @@ typedef struct plan_ctx {
     pworker w[K3_MAX_WORKERS];
     int nw;
     double bw_all, cache_all, pred, rtt_s;
+    double read_s, fixed_s, under_s, beyond_s, dense_s; /* terms of pred per token */
+    k3_plan_compute pc;
     double *share; /* [nd] */
 } plan_ctx;
 
@@ -201,16 +212,48 @@ static void split_and_budget(plan_ctx *p, const k3_model_info *mi) {
             if (p->w[k].host == h && p->w[k].cache_gb * 1e9 > (double)p->w[k].expert_bytes)
                 p->w[k].cache_gb = (double)p->w[k].expert_bytes / 1e9;
     }
+    /* the engine's slot: an expert plus O_DIRECT room, 4 KiB-rounded
+     * (common/experts/experts.c) */
+    uint64_t slot_alloc = (mi->slot_bytes + 2 * 4096 + 4095) & ~(uint64_t)4095;
+    double g = p->pc.dense_gbs > 0 ? p->pc.dense_gbs * 1e9 : 1e30;
     for (int k = 0; k < p->nw; k++) {
         pworker *w = &p->w[k];
-        double hit = w->expert_bytes ? w->cache_gb * 1e9 / (double)w->expert_bytes : 1;
-        if (hit > 1) hit = 1;
-        for (int q = w->first; q <= w->last; q++)
-            if (cfg->is_moe[q])
-                p->pred += (double)cfg->topk * (double)mi->slot_bytes * (1 - hit) / (w->bw * 1e9);
+        int n_moe = 0;
+        for (int q = w->first; q <= w->last; q++) n_moe += cfg->is_moe[q];
+        double per_layer = n_moe ? w->cache_gb * 1e9 / n_moe : 0;
+        w->slots = slot_alloc ? (int)(per_layer / (double)slot_alloc) : 0;
+        if (w->slots < 1) w->slots = 1; /* the engine's floor */
+        if (w->slots > cfg->n_experts) w->slots = cfg->n_experts;
+        double hit = cfg->n_experts ? (double)w->slots / cfg->n_experts : 1;
+        w->misses = cfg->topk * (1 - hit);
+        double gbs[K3_MAX_DIRS], wt[K3_MAX_DIRS];
+        int count[K3_MAX_DIRS];
+        for (int j = 0; j < w->n_drives; j++)
+            gbs[j] = p->dv[w->drives[j]].rand_gbs, wt[j] = gbs[j] / w->bw;
+        k3_plan_deal(wt, w->n_drives, cfg->n_experts, count);
+        /* the engine keeps 2 reads in flight per drive (K3_READ_DEPTH) */
+        w->read_s = k3_plan_layer_read_s(count, gbs, w->n_drives, cfg->n_experts, w->misses,
+                                         (double)mi->slot_bytes, 2 * w->n_drives);
+        for (int q = w->first; q <= w->last; q++) {
+            if (!cfg->is_moe[q]) {
+                p->dense_s += (double)mi->layer_dense[q] / g;
+                continue;
+            }
+            double fx, un;
+            k3_plan_moe_compute(&p->pc, mi->layer_dense[q], mi->layer_overlap[q], cfg->topk, &fx,
+                                &un);
+            p->read_s += w->read_s;
+            p->fixed_s += fx;
+            p->under_s += un;
+            if (un > w->read_s) p->beyond_s += un - w->read_s;
+        }
         p->rtt_s += p->hosts[w->host].rtt_ms / 1e3;
     }
-    p->pred += p->rtt_s;
+    /* what no layer holds: the lm_head and the final norms, once a token */
+    uint64_t in_layers = 0;
+    for (int q = 0; q < L; q++) in_layers += mi->layer_dense[q];
+    if (mi->dense_resident > in_layers) p->dense_s += (double)(mi->dense_resident - in_layers) / g;
+    p->pred = p->read_s + p->fixed_s + p->beyond_s + p->dense_s + p->rtt_s;
     /* a drive's share of all expert bytes: its worker's share, split over
      * the worker's drives by speed */
     for (int q = 0; q < p->nw; q++)
@@ -286,6 +329,9 @@ static json_t *plan_json(const plan_ctx *p, const k3_model_info *mi, const char 
                               p->hosts[w->host].name, "name", name, "numa", w->numa, "layers",
                               w->first, w->last, "layers_arg", arg, "drives", dr, "stripe", stripe,
                               "cache_gb", w->cache_gb, "expert_gb", (double)w->expert_bytes / 1e9);
+        json_object_set_new(o, "slots", json_integer(w->slots));
+        json_object_set_new(o, "misses_per_layer", json_real(w->misses));
+        json_object_set_new(o, "read_s_per_layer", json_real(w->read_s));
         if (p->multi) {
             char ep[K3_MAX_ENDPOINT + 16];
             snprintf(ep, sizeof ep, "tcp://%s:%d", p->hosts[w->host].addr,
@@ -300,10 +346,18 @@ static json_t *plan_json(const plan_ctx *p, const k3_model_info *mi, const char 
     json_object_set_new(root, "workers", jw);
     if (p->multi) json_object_set_new(root, "global", files_json(pf, -1, -1));
     json_object_set_new(root, "predicted_s_per_token", json_real(p->pred));
+    json_object_set_new(root, "prediction",
+                        json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:i, s:b}", "reads_s",
+                                  p->read_s, "compute_not_under_reads_s", p->fixed_s,
+                                  "compute_under_reads_s", p->under_s, "compute_beyond_reads_s",
+                                  p->beyond_s, "dense_layers_and_head_s", p->dense_s, "dense_gbs",
+                                  p->pc.dense_gbs, "expert_ms", p->pc.expert_ms, "threads",
+                                  p->pc.threads, "compute_cached", p->pc.from_cache));
     json_object_set_new(root, "bound",
-                        json_string(p->multi ? "drive reads and the coordinator round trips "
-                                               "(compute and bandwidth not included)"
-                                             : "drive reads (compute and network not included)"));
+                        json_string(p->multi ? "drive reads, compute measured on the planning "
+                                               "host, and the coordinator round trips "
+                                               "(bandwidth not included)"
+                                             : "drive reads and compute (network not included)"));
     return root;
 }
 
@@ -397,10 +451,10 @@ static void print_plan(const plan_ctx *p, const char *out) {
         const pworker *w = &p->w[k];
         char name[160];
         worker_name(p, k, name, sizeof name);
-        printf("plan:   worker %d%s%s: NUMA %d, layers %d-%d, %.2f GB of experts, cache %.2f GB, "
-               "drives",
+        printf("plan:   worker %d%s%s: NUMA %d, layers %d-%d, %.2f GB of experts, cache %.2f GB "
+               "(%d slots per MoE layer: %.1f misses, %.3f s of reads per layer), drives",
                k, p->multi ? " " : "", p->multi ? name : "", w->numa, w->first, w->last,
-               (double)w->expert_bytes / 1e9, w->cache_gb);
+               (double)w->expert_bytes / 1e9, w->cache_gb, w->slots, w->misses, w->read_s);
         for (int j = 0; j < w->n_drives; j++) printf(" %d", w->drives[j] + 1);
         printf("\n");
     }
@@ -410,10 +464,16 @@ static void print_plan(const plan_ctx *p, const char *out) {
                i + 1, p->multi ? p->hosts[p->dv[i].host].name : "", p->multi ? ":" : "",
                p->dv[i].path, 100.0 * p->share[i], p->dv[i].rand_gbs,
                100.0 * p->dv[i].rand_gbs / p->bw_all);
-    printf("plan: predicted %.6f s/token (bound: drive reads at %.3f GB/s in all", p->pred,
-           p->bw_all);
-    if (p->multi) printf(" and %.3f ms of round trips", p->rtt_s * 1e3);
-    printf("; compute and network add to it); written to %s\n", out);
+    printf("plan: compute: dense %.2f GB/s, one expert %.2f ms (%d threads%s)\n", p->pc.dense_gbs,
+           p->pc.expert_ms, p->pc.threads, p->pc.from_cache ? ", cached" : "");
+    printf("plan: terms per token: reads %.3f s (busiest drive per layer, drives at %.3f GB/s "
+           "in all) + compute not under the reads %.3f s + compute under the reads beyond them "
+           "%.3f s (of %.3f s) + dense layers and head %.3f s",
+           p->read_s, p->bw_all, p->fixed_s, p->beyond_s, p->under_s, p->dense_s);
+    if (p->multi) printf(" + round trips %.3f s", p->rtt_s);
+    printf("\n");
+    printf("plan: predicted %.6f s/token (bound: %s; network not included); written to %s\n",
+           p->pred, p->read_s >= p->fixed_s + p->under_s ? "drive reads" : "compute", out);
 }
 
 int cmd_plan(int argc, char **argv) {
@@ -494,6 +554,12 @@ int cmd_plan(int argc, char **argv) {
     if (rc) goto out;
     p.share = calloc((size_t)p.nd, sizeof *p.share);
     if (!p.share) {
+        rc = 1;
+        goto out;
+    }
+    if (k3_plan_compute_get(&mi.cfg, c.seconds < 2 ? c.seconds : 2, c.remeasure, &p.pc, err,
+                            sizeof err)) {
+        fprintf(stderr, "%s\n", err);
         rc = 1;
         goto out;
     }

@@ -125,6 +125,14 @@ static k3_status plan_drives(const char *src, const char *path, repack_plan *p, 
     k3_placement *pl = NULL;
     char perr[512];
     if (k3_placement_load(&pl, path, perr, sizeof perr) == K3_OK) {
+        if (k3_placement_split(pl)) {
+            k3_placement_free(&pl);
+            return k3_errf(K3_ERR_ARG, err, errlen,
+                           "--placement %s is byte-split (placement version 2): repack writes "
+                           "whole experts per drive; repack without --placement, then run "
+                           "k3-coordinator place --split on the result",
+                           path);
+        }
         p->n = k3_placement_drives(pl);
         p->paths = k3_xcalloc((size_t)p->n, sizeof *p->paths);
         for (int d = 0; d < p->n; d++)

@@ -86,6 +86,7 @@ typedef struct coord_opts {
     int max_sessions;  /* session states each local worker holds */
     int stripe;        /* stripe the experts over --dirs (coordinator/cmd_place.h) */
     int stripe_remote; /* --stripe with each local worker serving its drives to the others */
+    int split;         /* --stripe: byte-split (every expert over every drive) */
     int help;
 } coord_opts;
 
@@ -263,6 +264,12 @@ static const k3_opt coord_table[] = {
      .offset = O(stripe_remote),
      .help = "--stripe, and --local worker i reads only the drives d % N == i (for every MoE "
              "layer) and serves them to the other workers (expert calls)"},
+    {.name = "split",
+     .flag = "--split",
+     .type = K3_OPT_BOOL,
+     .offset = O(split),
+     .help = "--stripe: cut every expert's bytes over all --dirs (k3-coordinator place --split) "
+             "instead of dealing whole experts"},
     K3_OPT_HELP(coord_opts, help),
 };
 #undef O
@@ -616,8 +623,12 @@ static int parse_cli(int argc, char **argv, coord_opts *o, k3_opt_src *src, char
     if (!st && o->ids) st = parse_ids(o->ids, ids, n_ids, err, sizeof err);
     /* --stripe-remote deals the drives of --placement, or of the one
      * --dirs gets here */
+    if (!st && o->split && (!o->stripe || o->stripe_remote))
+        st = k3_errf(K3_ERR_ARG, err, sizeof err,
+                     "--split goes with --stripe (not --stripe-remote: a worker serving some "
+                     "drives needs whole experts on them)");
     if (!st && (o->stripe || (o->stripe_remote && !o->eng.placement)))
-        st = k3_place_stripe_dirs(&o->eng, err, sizeof err);
+        st = k3_place_stripe_dirs(&o->eng, o->split, err, sizeof err);
     if (st) {
         fprintf(stderr, "k3-coordinator: %s\n", err);
         return 2;

@@ -37,18 +37,27 @@ k3_status k3_model_info_read(k3_model_info *mi, const char *dir, const char *con
         }
         if (strstr(t->name, "embed_tokens")) continue; /* rows read on demand */
         size_t len = strlen(t->name);
+        uint64_t add;
         if (t->dtype == ST_U8 || (len > 3 && !strcmp(t->name + len - 3, ".qs"))) {
             mi->is_container |= t->dtype == ST_U8;
-            mi->dense_resident += t->nbytes; /* prepared: as stored */
-            continue;
+            add = t->nbytes; /* prepared: as stored */
+        } else {
+            uint64_t el = t->nbytes / st_dtype_size(t->dtype);
+            if (cls == 4)
+                add = el / 2 + el / 64 * 4;
+            else if (cls == 8)
+                add = el + (t->rank == 2 ? (uint64_t)t->shape[0] * 4 : 0);
+            else
+                add = el * 4; /* f32 at load */
         }
-        uint64_t el = t->nbytes / st_dtype_size(t->dtype);
-        if (cls == 4)
-            mi->dense_resident += el / 2 + el / 64 * 4;
-        else if (cls == 8)
-            mi->dense_resident += el + (t->rank == 2 ? (uint64_t)t->shape[0] * 4 : 0);
-        else
-            mi->dense_resident += el * 4; /* f32 at load */
+        mi->dense_resident += add;
+        const char *p = strstr(t->name, L);
+        int layer = p ? atoi(p + strlen(L)) : -1;
+        if (layer >= 0 && layer < K3_MAX_LAYERS) {
+            mi->layer_dense[layer] += add;
+            if (strstr(t->name, "routed_expert_down_proj") || strstr(t->name, "shared_experts."))
+                mi->layer_overlap[layer] += add;
+        }
     }
     int moe = 0;
     for (int l = 0; l < mi->cfg.n_layers; l++) moe += mi->cfg.is_moe[l];

@@ -24,7 +24,11 @@ typedef struct k3_model_info {
     uint64_t layer_expert[K3_MAX_LAYERS]; /* routed expert bytes of each layer */
     uint64_t slot_bytes;                  /* one expert (its six tensors) */
     uint64_t dense_resident; /* dense weights in RAM at load (bits 4/8/8, or as prepared) */
-    int is_container;        /* prepared U8 + .qs matrices present */
+    uint64_t layer_dense[K3_MAX_LAYERS];   /* of dense_resident: each layer's */
+    uint64_t layer_overlap[K3_MAX_LAYERS]; /* of layer_dense: what a MoE step computes while
+                                              its experts are read (latent down projection,
+                                              shared experts: common/layers/moe.c) */
+    int is_container;                      /* prepared U8 + .qs matrices present */
 } k3_model_info;
 
 /* Parses config.json and every shard header of dir (with extra shard

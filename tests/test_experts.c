@@ -13,6 +13,12 @@
  *               after start: errors name layer, expert and shard, no hang,
  *               and the store keeps working for untouched experts
  *   history     save / load round trip, dims mismatch refused, warm start
+ *   staged      any-order batches over a 2-drive placement (drive files
+ *               linked to the shards): every expert handed out once with
+ *               its bytes, read from its drive (bytes per drive = its
+ *               experts), for 1 and 3 slots and read depth 1 and 2; a
+ *               second batch hits the experts the puts moved into the
+ *               slots; read depth -1 makes it an ordinary batch (in order)
  *   budget      the open fails naming the bytes needed when one slot per
  *               layer does not fit; RSS (VmHWM) stays within the budget on
  *               a sparse checkpoint with real-size experts
@@ -27,6 +33,7 @@
 
 #include "common/ckpt/config.h"
 #include "common/experts/experts.h"
+#include "common/experts/placement.h"
 #include "common/layers/layers.h"
 #include "common/engine/model.h"
 #include "common/ckpt/safetensors.h"
@@ -41,6 +48,9 @@
 static char err[1024];
 
 /* ---- a bare store on a checkpoint directory ---- */
+
+static const k3_placement *g_placement; /* next store_open_range's, NULL = none */
+static int g_read_depth;
 
 typedef struct store {
     k3_config cfg;
@@ -61,7 +71,14 @@ static int store_open_range(store *x, const char *dir, const char *const *dirs, 
     k3_expert_geom g;
     k3_expert_geom_init(&g, &x->cfg);
     size_t slot = ((size_t)g.total + 2 * 4096 + 4095) & ~(size_t)4095;
-    k3_experts_opts eo = {(size_t)slots * (size_t)n_moe * slot, direct, pipe, threads, 0, NULL, 0};
+    k3_experts_opts eo = {(size_t)slots * (size_t)n_moe * slot,
+                          direct,
+                          pipe,
+                          threads,
+                          0,
+                          g_placement,
+                          0,
+                          g_read_depth};
     if (k3_experts_open(&x->s, x->idx, &x->cfg, a, b, &eo, err, sizeof err)) return -1;
     for (int l = a; l < b; l++)
         if (x->cfg.is_moe[l] &&
@@ -835,13 +852,13 @@ static void test_budget(void) {
     }
     /* not even one slot per layer fits: refused, saying how much is needed */
     k3_experts *s = NULL;
-    k3_experts_opts eo = {1, 1, 1, 4, 20000000, NULL, 0}; /* 20 MB of RAM for 2 x 17.5 MB */
+    k3_experts_opts eo = {1, 1, 1, 4, 20000000, NULL, 0, 0}; /* 20 MB of RAM for 2 x 17.5 MB */
     k3_status st = k3_experts_open(&s, idx, &c, 0, 2, &eo, err, sizeof err);
     CHECK(st == K3_ERR_LIMIT && strstr(err, "need at least 0.04 GB") && strstr(err, "2 MoE layers"),
           "a budget that cannot fit fails at open: %s", err);
     /* a budget above the memory is lowered to what fits */
-    eo =
-        (k3_experts_opts){(size_t)4 << 30, 1, 1, 4, 100000000, NULL, 0}; /* 100 MB: 2 slots/layer */
+    eo = (k3_experts_opts){(size_t)4 << 30, 1,    1, 4,
+                           100000000,       NULL, 0, 0}; /* 100 MB: 2 slots/layer */
     st = k3_experts_open(&s, idx, &c, 0, 2, &eo, err, sizeof err);
     CHECK(st == K3_OK && k3_experts_slots(s, 0) == 2,
           "a 4 GB budget on 100 MB of RAM gets %d "
@@ -850,7 +867,7 @@ static void test_budget(void) {
     k3_experts_close(&s);
 
     /* RSS: one slot per layer, every expert streamed through it */
-    eo = (k3_experts_opts){1, 1, 1, 4, 0, NULL, 0};
+    eo = (k3_experts_opts){1, 1, 1, 4, 0, NULL, 0, 0};
     long hwm0 = vm_kb("VmHWM:"), rss0 = vm_kb("VmRSS:");
     st = k3_experts_open(&s, idx, &c, 0, 2, &eo, err, sizeof err);
     for (int l = 0; l < 2 && st == K3_OK; l++)
@@ -885,6 +902,113 @@ static void test_budget(void) {
     ste_rm_dir(dir);
 }
 
+/* Any-order batches on a placement of 2 drives whose files are links to
+ * the tiny shards (2:1 weights); split: a byte-split placement cut on 64
+ * bytes, so every tiny expert (1632 bytes) is read in two pieces. */
+static void test_staged(const char *tiny, int split) {
+    const char *tag = split ? "split, " : "";
+    char dir[] = "/tmp/plan-test-staged.XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(0, "mkdtemp: %s", strerror(errno));
+        return;
+    }
+    store x;
+    if (store_open_range(&x, tiny, NULL, 0, 0, 0, 1, 1, 1, 2)) {
+        CHECK(0, "open tiny: %s", err);
+        return;
+    }
+    char d[2][300], path[700];
+    const char *dp[2] = {d[0], d[1]};
+    for (int k = 0; k < 2; k++) {
+        snprintf(d[k], sizeof d[k], "%s/d%d", dir, k);
+        snprintf(path, sizeof path, "%s/%s", d[k], K3_PLACEMENT_SUBDIR);
+        if (mkdir(d[k], 0755) || mkdir(path, 0755)) CHECK(0, "mkdir %s", path);
+        for (int i = 0; i < st_shard_count(x.idx); i++) {
+            char src[700], dst[900], real[4096];
+            snprintf(src, sizeof src, "%s/%s", tiny, st_shard_name(x.idx, i));
+            snprintf(dst, sizeof dst, "%s/%s", path, st_shard_name(x.idx, i));
+            if (!realpath(src, real) || symlink(real, dst)) CHECK(0, "link %s", dst);
+        }
+    }
+    k3_expert_geom g;
+    k3_expert_geom_init(&g, &x.cfg);
+    double w[2] = {2, 1};
+    k3_place_input in = {dp,      2,    w,     0, x.cfg.n_layers, x.cfg.n_experts, x.cfg.is_moe,
+                         g.total, NULL, split, 64};
+    k3_placement *pl = NULL;
+    k3_status st = k3_placement_build(&pl, &in, err, sizeof err);
+    CHECK(st == K3_OK, "%splacement over 2 drives: %s", tag, st ? err : "built");
+    int layer = 0;
+    while (layer < x.cfg.n_layers && !x.cfg.is_moe[layer]) layer++;
+    store_close(&x);
+    unsigned char *truth = malloc(g.total);
+    static const int slots_of[3] = {1, 3, 1}, depth_of[3] = {1, 2, -1};
+    for (int c = 0; c < 3 && st == K3_OK; c++) {
+        g_placement = pl, g_read_depth = depth_of[c];
+        int r = store_open_range(&x, tiny, NULL, 0, 0, 0, slots_of[c], 1, 1, 2);
+        g_placement = NULL, g_read_depth = 0;
+        if (r) {
+            CHECK(0, "open striped: %s", err);
+            break;
+        }
+        int32_t ids[K3_MAX_EXPERTS];
+        int n = all_ids(&x, layer, ids);
+        int seen[K3_MAX_EXPERTS] = {0}, bad = 0, dup = 0, in_order = 1;
+        k3_expert_stats s1 = {0}, s2 = {0};
+        for (int pass = 0; pass < 2 && st == K3_OK; pass++) {
+            k3_expert_batch *b = NULL;
+            st = k3_experts_batch_open_any(&b, x.s, layer, ids, n, pass ? &s2 : &s1, err,
+                                           sizeof err);
+            for (int k = 0; k < n && st == K3_OK; k++) {
+                k3_expert_view v;
+                int i = -1;
+                st = k3_experts_batch_next(b, &i, &v, err, sizeof err);
+                if (st) break;
+                if (i != k) in_order = 0;
+                if (pass == 0) dup += seen[i]++ != 0;
+                if (expert_truth(&x, layer, ids[i], truth) || !view_equals(&v, truth, &x.cfg) ||
+                    v.id != ids[i])
+                    bad++;
+                k3_experts_batch_put(b, i);
+            }
+            k3_experts_batch_close(&b);
+        }
+        uint64_t want0 = (uint64_t)k3_placement_count(pl, layer, 0) * g.total;
+        uint64_t want1 = (uint64_t)k3_placement_count(pl, layer, 1) * g.total;
+        uint64_t got0 = k3_experts_drive_bytes(x.s, 0), got1 = k3_experts_drive_bytes(x.s, 1);
+        if (split) { /* every expert from both drives, 2:1 by bytes */
+            uint64_t all = (s1.misses + s2.misses) * g.total;
+            CHECK(st == K3_OK && !bad && !dup && s1.misses == (uint64_t)n && got0 + got1 == all &&
+                      got0 > got1 + got1 / 2 && got1 > all / 4,
+                  "split, %d slot(s), depth %d: %d experts each once with their bytes (%d wrong, "
+                  "%d twice), drive bytes %llu / %llu of %llu (%s)",
+                  slots_of[c], depth_of[c], n, bad, dup, (unsigned long long)got0,
+                  (unsigned long long)got1, (unsigned long long)all, st ? err : "ok");
+        } else if (depth_of[c] > 0) {
+            CHECK(st == K3_OK && k3_experts_read_depth(x.s) == depth_of[c] && !bad && !dup &&
+                      s1.misses == (uint64_t)n && got0 >= want0 && got1 >= want1 &&
+                      got0 + got1 == (s1.misses + s2.misses) * g.total,
+                  "staged, %d slot(s), depth %d: %d experts each once with their bytes (%d wrong, "
+                  "%d twice), drive bytes %llu / %llu for %d / %d experts (%s)",
+                  slots_of[c], depth_of[c], n, bad, dup, (unsigned long long)got0,
+                  (unsigned long long)got1, k3_placement_count(pl, layer, 0),
+                  k3_placement_count(pl, layer, 1), st ? err : "ok");
+            CHECK(s2.hits == (uint64_t)slots_of[c] && s2.misses == (uint64_t)(n - slots_of[c]),
+                  "staged, %d slot(s): the second batch hits the %llu experts the puts kept",
+                  slots_of[c], (unsigned long long)s2.hits);
+        } else {
+            CHECK(st == K3_OK && k3_experts_read_depth(x.s) == 0 && in_order && !bad,
+                  "read depth -1: an ordinary batch, handed out in order (%s)", st ? err : "ok");
+        }
+        store_close(&x);
+    }
+    free(truth);
+    k3_placement_free(&pl);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 int main(void) {
     const char *tiny = t_tiny_dir();
     char cfg_path[512];
@@ -895,6 +1019,8 @@ int main(void) {
         TEST_MAIN_END();
     }
     test_read_path(tiny);
+    test_staged(tiny, 0);
+    test_staged(tiny, 1);
     test_faults(tiny);
     test_history(tiny);
     test_bit_identity(tiny);

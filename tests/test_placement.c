@@ -8,6 +8,12 @@
  *             or twice by one, an expert on no drive, a layer listed twice,
  *             a wrong format or version, a MoE layer missing: each refused
  *             with a message naming it
+ *   split     byte-split (version 2): the pieces of a span cover it in drive
+ *             order without overlap, cut at aligned absolute offsets, in
+ *             proportion to the weights (a tiny span: empty pieces); save /
+ *             load keeps them; v2 without "split", v1 with it, a split file
+ *             with layers, an alignment that is not a power of two, a drive
+ *             of weight 0, another model's split placement: refused
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -153,7 +159,7 @@ static void test_refusals(void) {
         {"{\"format\":\"k3shard-plan\",\"version\":1}", "expected \"k3shard-placement\"",
          "a plan file given as a placement", K3_ERR_FORMAT},
         {"{\"format\":\"k3shard-placement\",\"version\":7}",
-         "version 7, this build reads version 1", "a newer version", K3_ERR_MISMATCH},
+         "version 7, this build reads versions 1 and 2", "a newer version", K3_ERR_MISMATCH},
         {"{\"format\":", "p.json line", "malformed JSON", K3_ERR_FORMAT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -168,6 +174,114 @@ static void test_refusals(void) {
           "a missing placement file is refused naming it: %s", err);
 }
 
+/* Pieces of [off, off + len) over p's drives: cover, order, alignment. */
+static int pieces_ok(const k3_placement *p, uint64_t off, uint64_t len, uint64_t *bytes) {
+    uint64_t at = off, A = k3_placement_align(p);
+    int ok = 1;
+    for (int d = 0; d < k3_placement_drives(p); d++) {
+        uint64_t lo, hi;
+        k3_placement_piece(p, d, off, len, &lo, &hi);
+        ok &= lo == at && hi >= lo && hi <= off + len;
+        /* a cut is aligned, or clamped to an end of the span */
+        ok &= (lo == off || lo == off + len || lo % A == 0) &&
+              (hi == off || hi == off + len || hi % A == 0);
+        bytes[d] = hi - lo;
+        at = hi;
+    }
+    return ok && at == off + len;
+}
+
+static void test_split(void) {
+    const char *drives[3] = {"/s0", "/s1", "/s2"};
+    const double w[3] = {2, 1, 1};
+    uint8_t is_moe[3] = {0, 1, 1};
+    k3_place_input in = {.drives = drives,
+                         .n_drives = 3,
+                         .weight = w,
+                         .fingerprint = 0x77,
+                         .n_layers = 3,
+                         .n_experts = 8,
+                         .is_moe = is_moe,
+                         .expert_bytes = 1 << 20,
+                         .split = 1};
+    char err[512] = "", path[256];
+    k3_placement *p = NULL, *q = NULL;
+    k3_status st = k3_placement_build(&p, &in, err, sizeof err);
+    CHECK(st == K3_OK && k3_placement_split(p) && k3_placement_align(p) == 4096,
+          "build a split placement over 3 drives (weights 2,1,1), align 4096: %s", err);
+    if (st != K3_OK) return;
+    uint64_t b[3], off = 12345, len = 17u << 20; /* an unaligned start, 17 MiB */
+    int ok = pieces_ok(p, off, len, b);
+    CHECK(ok && b[0] + b[1] + b[2] == len, "pieces cover the span in drive order, cut on 4096");
+    double s0 = (double)b[0] / (double)len, s1 = (double)b[1] / (double)len;
+    CHECK(s0 > 0.499 && s0 < 0.501 && s1 > 0.249 && s1 < 0.251,
+          "weights 2,1,1: shares %.4f, %.4f, %.4f", s0, s1, 1 - s0 - s1);
+    ok = pieces_ok(p, 8200, 100, b);
+    CHECK(ok && b[0] + b[1] + b[2] == 100 && (b[0] == 0 || b[0] == 100),
+          "a 100-byte span inside one block lies on one drive (%llu, %llu, %llu)",
+          (unsigned long long)b[0], (unsigned long long)b[1], (unsigned long long)b[2]);
+    CHECK(k3_placement_drive_of(p, 1, 3) == -1 && k3_placement_count(p, 1, 0) == 0,
+          "a split placement has no per-expert drive");
+    snprintf(path, sizeof path, "%s/split.json", g_dir);
+    st = k3_placement_save(p, path, err, sizeof err);
+    if (st == K3_OK) st = k3_placement_load(&q, path, err, sizeof err);
+    int same = st == K3_OK && k3_placement_split(q) && k3_placement_drives(q) == 3;
+    for (int d = 0; same && d < 3; d++) {
+        uint64_t a0, a1, c0, c1;
+        k3_placement_piece(p, d, off, len, &a0, &a1);
+        k3_placement_piece(q, d, off, len, &c0, &c1);
+        same &= a0 == c0 && a1 == c1 && k3_placement_drive_weight(q, d) == w[d];
+    }
+    CHECK(same, "save / load of a split placement keeps drives, weights and pieces: %s",
+          st == K3_OK ? "" : err);
+    if (q) {
+        st = k3_placement_check(q, 0x77, 3, 8, is_moe, 0, 3, err, sizeof err);
+        CHECK(st == K3_OK, "a split placement covers every MoE layer: %s", st ? err : "");
+        st = k3_placement_check(q, 0x78, 3, 8, is_moe, 0, 3, err, sizeof err);
+        CHECK(st == K3_ERR_MISMATCH && strstr(err, "made for model 0000000000000077"),
+              "another model's split placement is refused: %s", err);
+    }
+    k3_placement_free(&q);
+    k3_placement_free(&p);
+    in.align = 3000;
+    st = k3_placement_build(&p, &in, err, sizeof err);
+    CHECK(st == K3_ERR_ARG && strstr(err, "3000 is not a power of two"),
+          "building with align 3000 is refused: %s", err);
+    k3_placement_free(&p);
+#define SHEAD(v)                                                                                   \
+    "{\"format\":\"k3shard-placement\",\"version\":" v ",\"model_fingerprint\":"                   \
+    "\"00000000000000ab\",\"n_layers\":2,\"n_experts\":4,\"expert_bytes\":10,"
+#define SDRIVES "\"drives\":[{\"path\":\"/a\",\"weight\":1},{\"path\":\"/b\",\"weight\":3}]"
+    struct {
+        const char *text, *want, *what;
+        k3_status st;
+    } cases[] = {
+        {SHEAD("2") "\"split\":true," SDRIVES "}", NULL, "a valid split file", K3_OK},
+        {SHEAD("2") "\"split\":true,\"align\":512," SDRIVES "}", NULL, "align 512", K3_OK},
+        {SHEAD("2") SDRIVES "}", "version 2 needs \"split\": true", "version 2 without split",
+         K3_ERR_FORMAT},
+        {SHEAD("1") "\"split\":true," SDRIVES ",\"layers\":[]}", "version 1 cannot have",
+         "version 1 with split", K3_ERR_FORMAT},
+        {SHEAD("2") "\"split\":true," SDRIVES ",\"layers\":[]}", "has no \"layers\"",
+         "a split file with layers", K3_ERR_FORMAT},
+        {SHEAD("2") "\"split\":true,\"align\":3000," SDRIVES "}", "3000, not a power of two",
+         "align 3000", K3_ERR_FORMAT},
+        {SHEAD("2") "\"split\":\"yes\"," SDRIVES "}", "\"split\" is not true or false",
+         "split not a boolean", K3_ERR_FORMAT},
+        {SHEAD("2") "\"split\":true,\"drives\":[{\"path\":\"/a\",\"weight\":0}]}",
+         "drives[0].weight must be a number > 0", "a drive of weight 0", K3_ERR_FORMAT},
+        {SHEAD("2") "\"split\":true,\"drives\":[]}", "0 drives outside [1, 16]", "no drives",
+         K3_ERR_LIMIT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        err[0] = 0;
+        st = load_text(cases[i].text, err, sizeof err);
+        CHECK(st == cases[i].st && (!cases[i].want || strstr(err, cases[i].want)),
+              "split: %s: %s (%s)", cases[i].what, st == K3_OK ? "loads" : "refused",
+              st == K3_OK ? "" : err);
+    }
+}
+
 int main(void) {
     if (!mkdtemp(g_dir)) {
         perror("mkdtemp");
@@ -175,6 +289,7 @@ int main(void) {
     }
     test_build();
     test_refusals();
+    test_split();
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_dir);

@@ -271,15 +271,18 @@ void wk_stripe_desc(const char *placement, int layer_a, int layer_b, char *buf, 
     char err[256];
     if (!placement || k3_placement_load(&p, placement, err, sizeof err)) return;
     int nd = k3_placement_drives(p);
-    uint64_t total = 0, per[K3_MAX_DIRS] = {0};
+    double total = 0, per[K3_MAX_DIRS] = {0};
     for (int d = 0; d < nd && d < K3_MAX_DIRS; d++) {
-        for (int l = layer_a; l < layer_b; l++) per[d] += (uint64_t)k3_placement_count(p, l, d);
+        /* split: every expert on every drive, by weight */
+        for (int l = layer_a; l < layer_b && !k3_placement_split(p); l++)
+            per[d] += k3_placement_count(p, l, d);
+        if (k3_placement_split(p)) per[d] = k3_placement_drive_weight(p, d);
         total += per[d];
     }
     size_t used = 0;
     for (int d = 0; d < nd && d < K3_MAX_DIRS && used + 1 < len; d++) {
         int n = snprintf(buf + used, len - used, "%s%s:%.0f%%", d ? "," : "",
-                         k3_placement_drive_path(p, d), total ? 100.0 * (double)per[d] / total : 0);
+                         k3_placement_drive_path(p, d), total > 0 ? 100.0 * per[d] / total : 0);
         if (n < 0) break;
         used += (size_t)n;
     }

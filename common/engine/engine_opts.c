@@ -72,6 +72,7 @@ void k3_engine_opts_model(const k3_engine_opts *e, k3_model_opts *mo, char *usag
     mo->direct = e->direct;
     mo->pipe = e->pipe;
     mo->load_threads = e->load_threads;
+    mo->read_depth = e->read_depth;
     mo->topp = e->expert_topp;
     mo->placement = e->placement;
     /* ~/.cache/k3shard/<fingerprint>/usage unless given (never the model

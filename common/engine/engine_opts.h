@@ -40,6 +40,7 @@ typedef struct k3_engine_opts {
     int direct;         /* O_DIRECT expert reads */
     int pipe;           /* overlap expert reads with compute */
     int load_threads;   /* expert loader threads */
+    int read_depth;     /* striped expert reads in flight per drive, 0 = 2, -1 = off */
     double expert_topp; /* keep routed experts up to this cumulative weight, 0 = all */
     int max_layers;     /* truncate the stack to this many layers, 0 = all */
     char *usage;        /* usage history file; NULL = ~/.cache/k3shard/<fp>/usage, "off" = none */
@@ -208,6 +209,15 @@ typedef struct k3_engine_opts {
      .max = K3_MAX_LOAD_THREADS,                                                                   \
      .metavar = "N",                                                                               \
      .help = "expert loader threads"},                                                             \
+    {.name = "read_depth",                                                                         \
+     .env = "K3_READ_DEPTH",                                                                       \
+     .type = K3_OPT_INT,                                                                           \
+     .offset = K3_ENGINE_OFF(T, m, read_depth),                                                    \
+     .def = "0",                                                                                   \
+     .min = -1,                                                                                    \
+     .max = K3_MAX_LOAD_THREADS,                                                                   \
+     .metavar = "N",                                                                               \
+     .help = "with --placement: expert reads in flight per drive (0 = 2, -1 = off)"},             \
     {.name = "expert_topp",                                                                        \
      .env = "K3_TOPP",                                                                             \
      .type = K3_OPT_DOUBLE,                                                                        \

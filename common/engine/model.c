@@ -850,7 +850,8 @@ k3_status k3_model_open(k3_model **out, const k3_model_opts *opts, char *err, si
                           opts->load_threads,
                           0,
                           NULL,
-                          0};
+                          0,
+                          opts->read_depth};
     /* cross-worker striping: the store spans every layer (its drives'
      * experts of all MoE layers are served to the other stages) */
     int ea = opts->expert_all_layers ? 0 : m->layer_a;

@@ -55,6 +55,7 @@ typedef struct k3_model_opts {
     int direct;                 /* K3_DIRECT: O_DIRECT expert reads */
     int pipe;                   /* K3_PIPE: overlap expert loads with compute */
     int load_threads;           /* K3_LOAD_THREADS */
+    int read_depth;             /* K3_READ_DEPTH: k3_experts_opts.read_depth */
     double topp;                /* K3_TOPP: 0 = off */
     const char *usage_path;     /* K3_USAGE expert usage history, copied; NULL = none
                                    (the programs default it to <model_dir>/.k3_usage):

@@ -39,46 +39,116 @@ static k3_status src_pread(k3_experts *s, int drive, int shard, uint64_t off, vo
     return exp_stripe_pread(s, drive, shard, off, buf, len, direct, err, errlen);
 }
 
+/* Reads [lo, hi) of a shard (or a drive's copy) into buf, where buf[0]
+ * stands for file offset a (a <= lo; EXP_ALIGN-aligned when direct).
+ * Direct: [align_down(lo), align_up(hi)) clipped to the file's last full
+ * block through the O_DIRECT fd, the rest (at most the file's last
+ * partial block) buffered into its place; else [lo, hi) buffered. */
+static k3_status read_range(k3_experts *s, int drive, int shard, uint64_t lo, uint64_t hi,
+                            uint64_t a, unsigned char *buf, int direct, char *err, size_t errlen) {
+    int dfd = drive < 0 ? st_shard_fd(s->idx, shard, 1) : exp_stripe_fd(s, drive, shard, 1);
+    if (!direct || dfd < 0)
+        return src_pread(s, drive, shard, lo, buf + (lo - a), (size_t)(hi - lo), 0, err, errlen);
+    const uint64_t A = EXP_ALIGN;
+    uint64_t la = lo & ~(A - 1);
+    uint64_t want_end = (hi + A - 1) & ~(A - 1);
+    uint64_t full_end = st_shard_size(s->idx, shard) & ~(A - 1); /* last full block's end */
+    uint64_t d_end = want_end < full_end ? want_end : full_end;
+    if (d_end > la) {
+        k3_status st =
+            src_pread(s, drive, shard, la, buf + (la - a), (size_t)(d_end - la), 1, err, errlen);
+        if (st != K3_OK) return st;
+    } else {
+        d_end = la;
+    }
+    if (d_end < hi) {
+        /* the tail in the file's last partial block (or the whole range
+         * when it starts there): buffered, straight into its place */
+        uint64_t from = d_end > lo ? d_end : lo;
+        return src_pread(s, drive, shard, from, buf + (from - a), (size_t)(hi - from), 0, err,
+                         errlen);
+    }
+    return K3_OK;
+}
+
+/* Reads [off, off+len) of a shard into buf (EXP_ALIGN-aligned, room for
+ * len + 2*EXP_ALIGN) and says where the wanted bytes start (*data_off). */
 static k3_status read_span(k3_experts *s, int drive, int shard, uint64_t off, size_t len,
                            unsigned char *buf, size_t *data_off, char *err, size_t errlen) {
     int dfd = drive < 0 ? st_shard_fd(s->idx, shard, 1) : exp_stripe_fd(s, drive, shard, 1);
-    if (!s->direct || dfd < 0) {
-        *data_off = 0;
-        return src_pread(s, drive, shard, off, buf, len, 0, err, errlen);
-    }
-    const uint64_t A = EXP_ALIGN;
-    uint64_t a = off & ~(A - 1);
-    uint64_t want_end = (off + len + A - 1) & ~(A - 1);
-    uint64_t full_end = st_shard_size(s->idx, shard) & ~(A - 1); /* last full block's end */
-    uint64_t d_end = want_end < full_end ? want_end : full_end;
+    int direct = s->direct && dfd >= 0;
+    uint64_t a = direct ? off & ~(uint64_t)(EXP_ALIGN - 1) : off;
     *data_off = (size_t)(off - a);
-    if (d_end > a) {
-        k3_status st = src_pread(s, drive, shard, a, buf, (size_t)(d_end - a), 1, err, errlen);
-        if (st != K3_OK) return st;
-    } else {
-        d_end = a;
+    return read_range(s, drive, shard, off, off + len, a, buf, direct, err, errlen);
+}
+
+/* A split expert's slot layout: contiguous, its bytes start at data_off =
+ * off - align_down(off) (every piece lands at its place relative to that
+ * block, whatever the drive); scattered, each part at its layout_off. */
+static size_t split_data_off(const exp_loc *loc) {
+    return loc->contiguous ? (size_t)(loc->off[0] & (EXP_ALIGN - 1)) : 0;
+}
+
+/* Drive d's piece of split expert e into the slot (whose buffer and
+ * data_off the queuer set). Direct only where the cut points are block
+ * aligned, so that no two pieces' reads touch the same block. */
+static k3_status read_piece(k3_experts *s, int layer, int32_t e, const exp_loc *loc, int d,
+                            exp_slot *slot, uint64_t *bytes, char *err, size_t errlen) {
+    const k3_placement *pl = s->placement;
+    int direct = s->direct && k3_placement_align(pl) % EXP_ALIGN == 0;
+    *bytes = 0;
+    for (int p = 0; p < (loc->contiguous ? 1 : K3_EXP_PARTS); p++) {
+        uint64_t len = loc->contiguous ? s->geom.total : s->geom.bytes[p], lo, hi;
+        k3_placement_piece(pl, d, loc->off[p], len, &lo, &hi);
+        if (lo == hi) continue;
+        k3_status st;
+        if (loc->contiguous)
+            st = read_range(s, d, loc->shard[0], lo, hi, loc->off[0] - slot->data_off, slot->buf,
+                            direct, err, errlen);
+        else
+            st = src_pread(s, d, loc->shard[p], lo,
+                           slot->buf + s->geom.layout_off[p] + (lo - loc->off[p]),
+                           (size_t)(hi - lo), 0, err, errlen);
+        if (st != K3_OK) {
+            k3_err_prefix(err, errlen,
+                          "layer %d expert %d%s%s (shard %s, drive %d %s, bytes "
+                          "%llu-%llu)",
+                          layer, e, loc->contiguous ? "" : " ",
+                          loc->contiguous ? "" : k3_exp_part_name[p],
+                          st_shard_name(s->idx, loc->shard[p]), d, k3_placement_drive_path(pl, d),
+                          (unsigned long long)lo, (unsigned long long)hi);
+            return st;
+        }
+        *bytes += hi - lo;
     }
-    if (d_end < off + len) {
-        /* the tail in the file's last partial block (or the whole expert
-         * when it starts there): buffered, straight into its place */
-        uint64_t from = d_end > off ? d_end : off;
-        return src_pread(s, drive, shard, from, buf + (from - a), (size_t)(off + len - from), 0,
-                         err, errlen);
-    }
+    return K3_OK;
+}
+
+/* Allocates the slot's buffer on first use. */
+static k3_status slot_alloc(k3_experts *s, int layer, int32_t e, exp_slot *slot, char *err,
+                            size_t errlen) {
+    if (slot->buf) return K3_OK;
+    void *p = NULL;
+    if (posix_memalign(&p, EXP_ALIGN, s->slot_bytes) != 0)
+        return k3_errf(K3_ERR_NOMEM, err, errlen,
+                       "layer %d expert %d: cannot allocate a %zu-byte slot", layer, e,
+                       s->slot_bytes);
+    slot->buf = p;
     return K3_OK;
 }
 
 k3_status exp_read_expert(k3_experts *s, int layer, int32_t e, const exp_loc *loc, exp_slot *slot,
                           char *err, size_t errlen) {
-    if (!slot->buf) {
-        void *p = NULL;
-        if (posix_memalign(&p, EXP_ALIGN, s->slot_bytes) != 0)
-            return k3_errf(K3_ERR_NOMEM, err, errlen,
-                           "layer %d expert %d: cannot allocate a %zu-byte slot", layer, e,
-                           s->slot_bytes);
-        slot->buf = p;
+    k3_status st = slot_alloc(s, layer, e, slot, err, errlen);
+    if (st != K3_OK) return st;
+    if (loc->split) { /* every piece in turn (the warm start's synchronous reads) */
+        slot->data_off = split_data_off(loc);
+        for (int d = 0; d < k3_placement_drives(s->placement) && st == K3_OK; d++) {
+            uint64_t got;
+            st = read_piece(s, layer, e, loc, d, slot, &got, err, errlen);
+        }
+        return st;
     }
-    k3_status st;
     if (loc->contiguous) {
         st = read_span(s, loc->drive, loc->shard[0], loc->off[0], (size_t)s->geom.total, slot->buf,
                        &slot->data_off, err, errlen);
@@ -103,7 +173,7 @@ k3_status exp_read_expert(k3_experts *s, int layer, int32_t e, const exp_loc *lo
 }
 
 void exp_advise(k3_experts *s, const exp_loc *loc) {
-    if (s->direct) return;
+    if (s->direct || loc->split) return; /* split: each piece's read is its own read-ahead */
     for (int p = 0; p < (loc->contiguous ? 1 : K3_EXP_PARTS); p++) {
         int fd = loc->drive < 0 ? st_shard_fd(s->idx, loc->shard[p], 0)
                                 : exp_stripe_fd(s, loc->drive, loc->shard[p], 0);
@@ -126,39 +196,101 @@ static void *loader_main(void *arg) {
             pthread_mutex_unlock(&q->mu);
             return NULL;
         }
-        exp_item *it = q->head;
-        q->head = it->next;
+        exp_job *j = q->head;
+        q->head = j->next;
         if (!q->head) q->tail = NULL;
         pthread_mutex_unlock(&q->mu);
 
         /* The slot is pinned by the item and LOADING: its buffer is ours
-         * until exp_read_done publishes it. */
+         * (a split expert's: the byte range of our piece) until
+         * exp_read_done publishes it. */
+        exp_item *it = j->it;
         exp_layer *L = it->b->L;
-        exp_slot *slot = &L->slots[it->slot];
-        double t0 = k3_now_ms();
-        k3_status st = exp_read_expert(s, it->b->layer, it->id, &L->loc[it->id], slot, it->err,
-                                       sizeof it->err);
+        exp_slot *slot = exp_item_slot(it);
+        j->t0_ms = k3_now_ms();
+        k3_status st;
+        uint64_t bytes = s->geom.total;
+        if (!j->piece) {
+            st = exp_read_expert(s, it->b->layer, it->id, &L->loc[it->id], slot, it->err,
+                                 sizeof it->err);
+        } else {
+            char perr[320];
+            st = read_piece(s, it->b->layer, it->id, &L->loc[it->id], j->drive, slot, &bytes, perr,
+                            sizeof perr);
+            if (st != K3_OK && atomic_exchange(&it->err_claimed, 1) == 0) {
+                it->st = st;
+                snprintf(it->err, sizeof it->err, "%s", perr);
+            }
+        }
         if (st == K3_OK) {
             pthread_mutex_lock(&s->stats_mu);
-            s->drive_bytes[q - s->queues] += s->geom.total;
+            s->drive_bytes[q - s->queues] += bytes;
             pthread_mutex_unlock(&s->stats_mu);
         }
-        exp_read_done(it, st, t0, k3_now_ms());
+        if (j->piece) {
+            if (atomic_fetch_sub(&it->jobs_left, 1) != 1) continue; /* pieces still out */
+            double t0 = j->t0_ms;
+            for (int k = 0; k < it->n_jobs; k++)
+                if (it->job[k].t0_ms < t0) t0 = it->job[k].t0_ms;
+            st = atomic_load(&it->err_claimed) ? it->st : K3_OK;
+            exp_read_done(it, st, t0, k3_now_ms());
+        } else {
+            exp_read_done(it, st, j->t0_ms, k3_now_ms());
+        }
     }
 }
 
-void exp_queue_read(k3_experts *s, exp_item *it) {
-    int d = it->b->L->loc[it->id].drive;
-    exp_queue *q = &s->queues[d >= 0 && d < s->n_queues ? d : 0];
+static void queue_push(exp_queue *q, exp_job *j) {
     pthread_mutex_lock(&q->mu);
-    it->next = NULL;
+    j->next = NULL;
     if (q->tail)
-        q->tail->next = it;
+        q->tail->next = j;
     else
-        q->head = it;
-    q->tail = it;
+        q->head = j;
+    q->tail = j;
     pthread_cond_signal(&q->cv);
     pthread_mutex_unlock(&q->mu);
+}
+
+void exp_queue_read(k3_experts *s, exp_item *it) {
+    const exp_loc *loc = &it->b->L->loc[it->id];
+    it->n_jobs = 0;
+    atomic_store(&it->err_claimed, 0);
+    if (!loc->split) {
+        int d = loc->drive;
+        it->job[0] = (exp_job){.it = it, .drive = d, .piece = 0};
+        it->n_jobs = 1;
+        queue_push(&s->queues[d >= 0 && d < s->n_queues ? d : 0], &it->job[0]);
+        return;
+    }
+    /* the buffer and where the expert starts in it, before any piece runs */
+    exp_slot *slot = exp_item_slot(it);
+    char aerr[160];
+    if (slot_alloc(s, it->b->layer, it->id, slot, aerr, sizeof aerr) != K3_OK) {
+        /* no buffer: the expert fails like a failed read, from a loader-free
+         * path (the caller holds the layer mutex, so exp_read_done cannot
+         * run here); one job of drive 0 reports it */
+        it->job[0] = (exp_job){.it = it, .drive = 0, .piece = 0};
+        it->n_jobs = 1;
+        queue_push(&s->queues[0], &it->job[0]);
+        return;
+    }
+    slot->data_off = split_data_off(loc);
+    int nd = k3_placement_drives(s->placement);
+    for (int d = 0; d < nd; d++) {
+        int any = 0;
+        for (int p = 0; p < (loc->contiguous ? 1 : K3_EXP_PARTS) && !any; p++) {
+            uint64_t lo, hi;
+            k3_placement_piece(s->placement, d, loc->off[p],
+                               loc->contiguous ? s->geom.total : s->geom.bytes[p], &lo, &hi);
+            any = hi > lo;
+        }
+        if (any) it->job[it->n_jobs++] = (exp_job){.it = it, .drive = d, .piece = 1};
+    }
+    atomic_store(&it->jobs_left, it->n_jobs);
+    /* all counted before the first is queued: a fast piece cannot finish
+     * the expert while others are still to be queued */
+    for (int k = 0; k < it->n_jobs; k++) queue_push(&s->queues[it->job[k].drive], &it->job[k]);
 }
 
 k3_status exp_loaders_start(k3_experts *s, int n, char *err, size_t errlen) {

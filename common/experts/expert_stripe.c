@@ -43,9 +43,11 @@ k3_status exp_stripe_open(k3_experts *s, int d, int shard, int layer, int32_t e,
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return k3_errf(errno == ENOENT ? K3_ERR_MISSING : K3_ERR_IO, err, errlen,
-                       "placement %s: layer %d expert %d is on drive %d, but its file %s cannot "
+                       "placement %s: layer %d expert %d %s drive %d, but its file %s cannot "
                        "be opened: %s (run k3-coordinator place for this placement)",
-                       k3_placement_path(s->placement), layer, e, d, path, strerror(errno));
+                       k3_placement_path(s->placement), layer, e,
+                       k3_placement_split(s->placement) ? "has a piece on" : "is on", d, path,
+                       strerror(errno));
     struct stat sb;
     uint64_t want = st_shard_size(s->idx, shard);
     if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size != want) {
@@ -123,7 +125,7 @@ int k3_experts_own(const k3_experts *s, int layer, int32_t e) {
 
 void k3_experts_interleave(const k3_experts *s, int layer, int32_t *ids, int n) {
     int nd = k3_experts_drives(s);
-    if (nd < 2 || n < 2) return;
+    if (nd < 2 || n < 2 || k3_placement_split(s->placement)) return; /* split: each on all */
     int32_t *tmp = k3_xmalloc((size_t)n * sizeof *tmp);
     int pos[K3_MAX_DIRS] = {0}; /* next index of ids to scan, per drive */
     int out = 0;

@@ -14,6 +14,15 @@
  * (read, compute, read, ...), with s slots up to s-1 reads run while one
  * expert computes.
  *
+ * Any-order batches on a striped store (k3_experts_batch_open_any with a
+ * placement of >= 2 drives): the hits are pinned at open and each miss is
+ * read into a staging entry of the batch, up to read_depth per drive at
+ * once (admit_staged), so every drive reads its share back to back
+ * whatever the number of slots; the consumer takes the ready ones first
+ * (k3_experts_batch_next) and a put swaps the staging buffer into a slot
+ * the batch does not need (put_staged). The staging buffers come from a
+ * pool of the store (stage_take / stage_give).
+ *
  * Not handled: two batches on the same layer at once share its slots and
  * may wait on each other's unpins (always progressing: a batch that holds a
  * slot has its next expert admitted); a read failed by one batch fails the
@@ -133,9 +142,27 @@ k3_status k3_experts_open(k3_experts **out, st_index *idx, const k3_config *cfg,
     s->slot_bytes = slot_bytes;
     s->direct = opts->direct;
     s->pipe = opts->pipe;
+    if (opts->placement && opts->drive_mask && k3_placement_split(opts->placement))
+        return k3_errf(K3_ERR_ARG, err, errlen,
+                       "expert store: placement %s is byte-split (every expert on every drive): "
+                       "serving some of its drives to other workers needs an expert-grained "
+                       "placement (k3-coordinator place without --split)",
+                       k3_placement_path(opts->placement));
     s->placement = opts->placement;
     s->drive_mask = opts->drive_mask;
     pthread_mutex_init(&s->stats_mu, NULL);
+    pthread_mutex_init(&s->stage_mu, NULL);
+    int n_drives = opts->placement ? k3_placement_drives(opts->placement) : 1;
+    if (n_drives >= 2 && opts->read_depth >= 0 && opts->pipe) {
+        s->read_depth = opts->read_depth ? opts->read_depth : 2;
+        if (s->read_depth > K3_MAX_LOAD_THREADS) s->read_depth = K3_MAX_LOAD_THREADS;
+        s->stage_cap = n_drives * s->read_depth * 2;
+        s->stage_free = k3_xcalloc((size_t)s->stage_cap, sizeof *s->stage_free);
+        K3_INFO("expert store: %d reads in flight per drive (%d drives), staging buffers of "
+                "%.1f MB outside the cache, %.2f GB per batch",
+                s->read_depth, n_drives, (double)slot_bytes / 1e6,
+                (double)n_drives * s->read_depth * (double)slot_bytes / 1e9);
+    }
     s->layers = k3_xcalloc((size_t)(layer_b - layer_a), sizeof *s->layers);
     for (int i = layer_a; i < layer_b; i++) {
         exp_layer *L = &s->layers[i - layer_a];
@@ -176,6 +203,9 @@ void k3_experts_close(k3_experts **sp) {
         pthread_cond_destroy(&L->cv);
     }
     free(s->layers);
+    for (int i = 0; i < s->n_stage_free; i++) free(s->stage_free[i]);
+    free(s->stage_free);
+    pthread_mutex_destroy(&s->stage_mu);
     pthread_mutex_destroy(&s->stats_mu);
     free(s);
     *sp = NULL;
@@ -306,6 +336,18 @@ k3_status k3_experts_load_layer(k3_experts *s, const char *prefix, int layer, in
             if (loc->shard[p] != loc->shard[0] ||
                 loc->off[p] != loc->off[p - 1] + s->geom.bytes[p - 1])
                 loc->contiguous = 0;
+        /* byte-split: a piece on every drive; each drive holding one opens
+         * its copy of the shard now (a missing or short file is refused at
+         * start) */
+        loc->split = s->placement && k3_placement_split(s->placement);
+        for (int d = 0; loc->split && d < k3_placement_drives(s->placement) && st == K3_OK; d++)
+            for (int p = 0; p < (loc->contiguous ? 1 : K3_EXP_PARTS) && st == K3_OK; p++) {
+                uint64_t lo, hi;
+                k3_placement_piece(s->placement, d, loc->off[p],
+                                   loc->contiguous ? s->geom.total : s->geom.bytes[p], &lo, &hi);
+                if (hi > lo) st = exp_stripe_open(s, d, loc->shard[p], layer, e, err, errlen);
+            }
+        if (st != K3_OK) break;
         keys[n_keys].shard_name = st_shard_name(s->idx, loc->shard[0]);
         keys[n_keys].off = loc->off[0];
         keys[n_keys].id = e;
@@ -434,9 +476,15 @@ static void unpin(exp_layer *L, int j) {
  * the admission order). With K3_PIPE=0 a new block is admitted only when
  * the previous one is all put, and get waits for the whole block. Caller
  * holds L->mu. */
+static void admit_staged(k3_expert_batch *b);
+
 static void admit(k3_expert_batch *b) {
     exp_layer *L = b->L;
     k3_experts *s = b->s;
+    if (b->staged) {
+        admit_staged(b);
+        return;
+    }
     if (!s->pipe && b->held > 0) return;
     while (b->next_admit < b->n && b->held < L->n_slots) {
         exp_item *it = &b->items[b->next_admit];
@@ -471,16 +519,136 @@ static void admit(k3_expert_batch *b) {
             exp_queue_read(s, it);
         }
         L->usage[it->id]++;
+        it->admitted = 1;
         b->held++;
         b->next_admit++;
     }
+}
+
+/* ---- the staging pool (any-order batches on a striped store) ---- */
+
+/* A reservation of one staging buffer: *buf a free one, or NULL for the
+ * loader to allocate. Refused (0) past stage_cap unless force (a batch
+ * holding none, so that it always progresses). */
+static int stage_take(k3_experts *s, unsigned char **buf, int force) {
+    pthread_mutex_lock(&s->stage_mu);
+    int ok = 1;
+    *buf = NULL;
+    if (s->n_stage_free > 0)
+        *buf = s->stage_free[--s->n_stage_free];
+    else if (s->stage_bufs < s->stage_cap || force)
+        s->stage_bufs++;
+    else
+        ok = 0;
+    pthread_mutex_unlock(&s->stage_mu);
+    return ok;
+}
+
+/* Returns a reservation: its buffer kept for reuse while the pool has room. */
+static void stage_give(k3_experts *s, unsigned char *buf) {
+    pthread_mutex_lock(&s->stage_mu);
+    if (buf && s->n_stage_free < s->stage_cap && s->stage_bufs <= s->stage_cap) {
+        s->stage_free[s->n_stage_free++] = buf;
+        buf = NULL;
+    } else {
+        s->stage_bufs--;
+    }
+    pthread_mutex_unlock(&s->stage_mu);
+    free(buf);
+}
+
+/* Admission of a staged batch: every hit pinned, each miss into a free
+ * staging entry of its drive (read_depth per drive), queued in the batch's
+ * order. Caller holds L->mu. */
+static void admit_staged(k3_expert_batch *b) {
+    exp_layer *L = b->L;
+    k3_experts *s = b->s;
+    const int Q = s->read_depth;
+    int held_res = 0;
+    for (int k = 0; k < k3_experts_drives(s) * Q; k++) held_res += b->stg_res[k];
+    for (int i = b->next_admit; i < b->n; i++) {
+        exp_item *it = &b->items[i];
+        if (it->admitted) {
+            if (i == b->next_admit) b->next_admit++;
+            continue;
+        }
+        int j = L->slot_of[it->id];
+        if (j >= 0) { /* a hit (maybe still being read for another batch) */
+            L->slots[j].pins++;
+            L->slots[j].last_use = ++L->clock;
+            it->slot = j;
+            b->st.hits++;
+        } else {
+            int d = L->loc[it->id].drive < 0 ? 0 : L->loc[it->id].drive;
+            if (L->loc[it->id].split) /* reads every drive: any drive's free entries */
+                for (d = 0; d < k3_experts_drives(s) - 1 && b->stg_used[d] >= Q; d++) {
+                }
+            if (b->stg_used[d] >= Q) continue; /* this drive has its reads: later */
+            int k = d * Q;
+            while (b->stg_on[k]) k++;
+            if (!b->stg_res[k]) {
+                if (!stage_take(s, &b->stg[k].buf, held_res == 0)) continue;
+                b->stg_res[k] = 1;
+                held_res++;
+            }
+            exp_slot *sl = &b->stg[k];
+            sl->expert = it->id;
+            sl->state = EXP_SLOT_LOADING;
+            b->stg_on[k] = 1;
+            b->stg_used[d]++;
+            it->stg = k;
+            it->miss = 1;
+            it->reading = 1;
+            if (b->reads_in_flight++ == 0) b->io_t0 = k3_now_ms();
+            exp_advise(s, &L->loc[it->id]);
+            exp_queue_read(s, it);
+        }
+        L->usage[it->id]++;
+        it->admitted = 1;
+        b->held++;
+        if (i == b->next_admit) b->next_admit++;
+    }
+}
+
+/* A staged expert is done with: into a slot the batch does not need (its
+ * buffer swapped with the slot's, the slot's old one stays in the entry),
+ * unless the layer holds it already or every such slot is pinned; the
+ * entry is free again. Caller holds L->mu; b->wanted[id] is cleared. */
+static void put_staged(k3_expert_batch *b, exp_item *it) {
+    exp_layer *L = b->L;
+    exp_slot *e = &b->stg[it->stg];
+    int d = it->stg / b->s->read_depth;
+    if (e->state == EXP_SLOT_READY && L->slot_of[it->id] < 0) {
+        int cls;
+        int v = pick_victim(L, b->wanted, &cls);
+        if (v >= 0 && cls <= 1) {
+            exp_slot *sl = &L->slots[v];
+            if (sl->expert >= 0) L->slot_of[sl->expert] = -1;
+            unsigned char *old = sl->buf;
+            sl->buf = e->buf;
+            sl->data_off = e->data_off;
+            sl->expert = it->id;
+            sl->state = EXP_SLOT_READY;
+            sl->last_use = ++L->clock;
+            L->slot_of[it->id] = v;
+            e->buf = old;
+            if (!old) { /* the reservation's buffer now belongs to the cache */
+                stage_give(b->s, NULL);
+                b->stg_res[it->stg] = 0;
+            }
+        }
+    }
+    e->expert = -1;
+    e->state = EXP_SLOT_EMPTY;
+    b->stg_on[it->stg] = 0;
+    b->stg_used[d]--;
 }
 
 void exp_read_done(exp_item *it, k3_status st, double t0_ms, double t1_ms) {
     k3_expert_batch *b = it->b;
     k3_experts *s = b->s;
     exp_layer *L = b->L;
-    exp_slot *sl = &L->slots[it->slot];
+    exp_slot *sl = exp_item_slot(it);
     int part = 0, val = 0, bad = 0;
     uint64_t at = 0;
     if (st == K3_OK) bad = scan_scales(s, sl, &part, &at, &val);
@@ -493,7 +661,7 @@ void exp_read_done(exp_item *it, k3_status st, double t0_ms, double t1_ms) {
         b->st.bytes += s->geom.total;
     } else {
         sl->state = EXP_SLOT_FAILED; /* emptied when its last pin goes */
-        L->slot_of[it->id] = -1;
+        if (it->stg < 0) L->slot_of[it->id] = -1;
     }
     if (bad && !L->warned_scale) {
         L->warned_scale = 1;
@@ -507,8 +675,9 @@ void exp_read_done(exp_item *it, k3_status st, double t0_ms, double t1_ms) {
     pthread_mutex_unlock(&L->mu);
 }
 
-k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer, const int32_t *ids,
-                                int n, k3_expert_stats *stats, char *err, size_t errlen) {
+static k3_status batch_open(k3_expert_batch **out, k3_experts *s, int layer, const int32_t *ids,
+                            int n, int unordered, k3_expert_stats *stats, char *err,
+                            size_t errlen) {
     *out = NULL;
     exp_layer *L = s ? exp_layer_of(s, layer) : NULL;
     if (!L || !L->loaded)
@@ -549,7 +718,17 @@ k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer,
     for (int i = 0; i < n; i++) {
         b->items[i].id = ids[i];
         b->items[i].slot = -1;
+        b->items[i].stg = -1;
         b->items[i].b = b;
+    }
+    b->unordered = unordered;
+    b->staged = unordered && s->read_depth > 0;
+    if (b->staged) {
+        size_t ne = (size_t)k3_experts_drives(s) * (size_t)s->read_depth;
+        b->stg = k3_xcalloc(ne, sizeof *b->stg);
+        b->stg_on = k3_xcalloc(ne, 1);
+        b->stg_res = k3_xcalloc(ne, 1);
+        for (size_t k = 0; k < ne; k++) b->stg[k].expert = -1;
     }
     pthread_mutex_lock(&L->mu);
     admit(b);
@@ -557,6 +736,19 @@ k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer,
     *out = b;
     return K3_OK;
 }
+
+k3_status k3_experts_batch_open(k3_expert_batch **out, k3_experts *s, int layer, const int32_t *ids,
+                                int n, k3_expert_stats *stats, char *err, size_t errlen) {
+    return batch_open(out, s, layer, ids, n, 0, stats, err, errlen);
+}
+
+k3_status k3_experts_batch_open_any(k3_expert_batch **out, k3_experts *s, int layer,
+                                    const int32_t *ids, int n, k3_expert_stats *stats, char *err,
+                                    size_t errlen) {
+    return batch_open(out, s, layer, ids, n, 1, stats, err, errlen);
+}
+
+int k3_experts_read_depth(const k3_experts *s) { return s->read_depth; }
 
 k3_status k3_experts_batch_get(k3_expert_batch *b, int i, k3_expert_view *view, char *err,
                                size_t errlen) {
@@ -585,6 +777,49 @@ k3_status k3_experts_batch_get(k3_expert_batch *b, int i, k3_expert_view *view, 
     } else {
         fill_view(b->s, sl, it->id, view);
         b->next_get++;
+        it->got = 1;
+        b->n_got++;
+    }
+    pthread_mutex_unlock(&L->mu);
+    return st;
+}
+
+k3_status k3_experts_batch_next(k3_expert_batch *b, int *i, k3_expert_view *view, char *err,
+                                size_t errlen) {
+    if (!b->staged) {
+        *i = b->next_get;
+        return k3_experts_batch_get(b, *i, view, err, errlen);
+    }
+    K3_ASSERT(b->n_got < b->n);
+    exp_layer *L = b->L;
+    double t0 = k3_now_ms();
+    int k = -1;
+    pthread_mutex_lock(&L->mu);
+    for (;;) {
+        admit(b);
+        for (int j = 0; j < b->n && k < 0; j++) {
+            exp_item *it = &b->items[j];
+            if (it->admitted && !it->got && exp_item_slot(it)->state != EXP_SLOT_LOADING) k = j;
+        }
+        if (k >= 0) break;
+        pthread_cond_wait(&L->cv, &L->mu);
+    }
+    b->st.read_ms += k3_now_ms() - t0;
+    exp_item *it = &b->items[k];
+    exp_slot *sl = exp_item_slot(it);
+    k3_status st = K3_OK;
+    it->got = 1; /* handed out, failed or not: put releases it */
+    b->n_got++;
+    *i = k;
+    if (it->miss && it->st != K3_OK) {
+        st = it->st;
+        k3_errf(st, err, errlen, "%s", it->err);
+    } else if (sl->state != EXP_SLOT_READY) {
+        st = k3_errf(K3_ERR_IO, err, errlen,
+                     "layer %d expert %d: the read started by a concurrent request failed",
+                     b->layer, it->id);
+    } else {
+        fill_view(b->s, sl, it->id, view);
     }
     pthread_mutex_unlock(&L->mu);
     return st;
@@ -594,11 +829,14 @@ void k3_experts_batch_put(k3_expert_batch *b, int i) {
     exp_layer *L = b->L;
     exp_item *it = &b->items[i];
     pthread_mutex_lock(&L->mu);
-    K3_ASSERT(i < b->next_get && it->slot >= 0 && !it->put);
-    unpin(L, it->slot);
+    K3_ASSERT(it->got && it->admitted && !it->put);
+    b->wanted[it->id] = 0;
+    if (it->stg >= 0)
+        put_staged(b, it);
+    else
+        unpin(L, it->slot);
     it->put = 1;
     b->held--;
-    b->wanted[it->id] = 0;
     admit(b);
     pthread_cond_broadcast(&L->cv);
     pthread_mutex_unlock(&L->mu);
@@ -612,10 +850,26 @@ void k3_experts_batch_close(k3_expert_batch **bp) {
     pthread_mutex_lock(&L->mu);
     /* the loaders write into our items and slots until they are done */
     while (b->reads_in_flight) pthread_cond_wait(&L->cv, &L->mu);
-    for (int i = 0; i < b->next_admit; i++)
-        if (!b->items[i].put) unpin(L, b->items[i].slot);
+    for (int i = 0; i < b->n; i++) {
+        exp_item *it = &b->items[i];
+        if (!it->admitted || it->put) continue;
+        if (it->stg >= 0) {
+            b->stg[it->stg].state = EXP_SLOT_FAILED; /* not kept: never used */
+            put_staged(b, it);
+        } else {
+            unpin(L, it->slot);
+        }
+    }
     pthread_cond_broadcast(&L->cv);
     pthread_mutex_unlock(&L->mu);
+    if (b->staged) {
+        size_t ne = (size_t)k3_experts_drives(s) * (size_t)s->read_depth;
+        for (size_t k = 0; k < ne; k++)
+            if (b->stg_res[k]) stage_give(s, b->stg[k].buf);
+        free(b->stg);
+        free(b->stg_on);
+        free(b->stg_res);
+    }
     k3_expert_stats *o[2] = {b->out, b->quiet ? NULL : &s->totals};
     pthread_mutex_lock(&s->stats_mu);
     for (int k = 0; k < 2; k++) {

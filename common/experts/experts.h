@@ -74,6 +74,10 @@ typedef struct k3_experts_opts {
     uint32_t drive_mask; /* with a placement: bit d set = this process reads drive d's
                             experts (opens its files); the others are another worker's
                             (common/layers/moe_remote.h) and never read here; 0 = all */
+    int read_depth;      /* with a placement of >= 2 drives: misses of an any-order batch
+                            each drive has read or waiting to be used at once, in staging
+                            buffers outside the cache (K3_READ_DEPTH); 0 = 2, -1 = off
+                            (the cache slots bound the reads in flight, as one drive) */
 } k3_experts_opts;
 
 /* Opens an empty store for layers [layer_a, layer_b) of cfg (copied). Tables
@@ -159,6 +163,40 @@ void k3_experts_batch_put(k3_expert_batch *b, int i);
 /* Waits for the batch's reads in flight, unpins what is still pinned, adds
  * the counters to the caller's stats and the store's totals. NULL is fine. */
 void k3_experts_batch_close(k3_expert_batch **b);
+
+/* ---- any-order batches: every drive busy (expert striping) ----
+ *
+ * The same contract, except that the consumer takes the experts in the
+ * order they become ready:
+ *
+ *   k3_experts_batch_open_any(&b, s, layer, ids, n, &stats, err, errlen);
+ *   for (k = 0; k < n; k++) {
+ *       k3_experts_batch_next(b, &i, &view, err, errlen);  some ready expert i
+ *       ... compute with view ...
+ *       k3_experts_batch_put(b, i);
+ *   }
+ *
+ * With a placement of >= 2 drives (and read_depth not -1, K3_PIPE on) the
+ * misses are read into staging buffers, up to read_depth per drive at once,
+ * not into cache slots: each drive reads its share of the batch back to
+ * back whatever the cache size, and a put moves the expert into the cache
+ * (buffers swapped, no copy) when a slot not needed by the batch is free.
+ * The hits are pinned at open. Without that the batch is an ordinary one
+ * and next returns 0, 1, .. n-1. The caller must not depend on the order
+ * (common/layers/moe.c sums the experts in id order). Each batch holds at
+ * most drives x read_depth staging buffers; the store keeps up to twice
+ * that many for reuse and allocates past it only for a batch holding none.
+ * Two batches on one layer may read the same expert twice. */
+k3_status k3_experts_batch_open_any(k3_expert_batch **out, k3_experts *s, int layer,
+                                    const int32_t *ids, int n, k3_expert_stats *stats, char *err,
+                                    size_t errlen);
+/* Waits until an expert of the batch not yet handed out is in memory (the
+ * lowest index among the ready ones), fills *view and *i. */
+k3_status k3_experts_batch_next(k3_expert_batch *b, int *i, k3_expert_view *view, char *err,
+                                size_t errlen);
+/* Reads in flight per drive an any-order batch of this store gets (0 when
+ * its batches are ordinary: no placement of >= 2 drives, or turned off). */
+int k3_experts_read_depth(const k3_experts *s);
 
 /* Lends expert e of layer to fn(ctx, view) for the time of the call (read
  * from disk unless cached; expert_fetch.c). Not counted as usage nor in

@@ -17,7 +17,9 @@
 #define K3_EXPERTS_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
+#include "common/base/limits.h"
 #include "common/experts/experts.h"
 
 #define EXP_ALIGN 4096 /* O_DIRECT alignment of buffer, offset and length */
@@ -30,7 +32,10 @@ typedef struct exp_loc {
     uint8_t present;            /* 0: absent from the checkpoint */
     uint8_t contiguous;         /* 1: parts back to back in slot order, one shard */
     int16_t drive;              /* placement drive holding it (read from that drive's copy of
-                                   the shard, same offsets); -1 = the checkpoint's shard */
+                                   the shard, same offsets); -1 = the checkpoint's shard (or
+                                   split) */
+    uint8_t split;              /* byte-split placement: a piece on every drive (k3_placement_piece
+                                   of the span: the expert when contiguous, else each part) */
 } exp_loc;
 
 enum { EXP_SLOT_EMPTY = 0, EXP_SLOT_LOADING, EXP_SLOT_READY, EXP_SLOT_FAILED };
@@ -61,16 +66,34 @@ typedef struct exp_layer {
     pthread_cond_t cv;  /* broadcast on every slot state change and unpin */
 } exp_layer;
 
-/* One expert of a batch; doubles as the loader's job. */
+/* One read of a drive's queue: a whole expert (piece -1), or drive
+ * `drive`'s piece of a split expert. Written by the queuer before it is
+ * queued; t0_ms by the loader that runs it. */
+typedef struct exp_job {
+    struct exp_item *it;
+    int drive;            /* queue; for a piece, the drive whose file is read */
+    int piece;            /* 1: a piece of a split expert, 0: the whole expert */
+    double t0_ms;         /* read start */
+    struct exp_job *next; /* loader queue link */
+} exp_job;
+
+/* One expert of a batch; its jobs are the loader's work. */
 typedef struct exp_item {
     int32_t id;
-    int slot;              /* -1 until admitted */
-    int miss;              /* this batch queued the read */
-    int reading;           /* queued or being read (guarded by the layer mutex) */
-    int put;               /* released by the consumer */
-    k3_status st;          /* read result (loader) */
-    char err[320];         /* read error message (loader) */
-    struct exp_item *next; /* loader queue link */
+    int slot;                 /* -1 until admitted */
+    int miss;                 /* this batch queued the read */
+    int reading;              /* queued or being read (guarded by the layer mutex) */
+    int put;                  /* released by the consumer */
+    int admitted;             /* has its slot or staging entry */
+    int got;                  /* handed out (batch_get / batch_next) */
+    int stg;                  /* staging entry of an any-order batch, -1 = a cache slot */
+    k3_status st;             /* read result (loader) */
+    char err[320];            /* read error message (loader; of a split expert, the first failed
+                                 piece's: err_claimed) */
+    exp_job job[K3_MAX_DIRS]; /* [1] whole, or one per non-empty piece of a split expert */
+    int n_jobs;
+    _Atomic int jobs_left;   /* pieces not yet read; the loader taking it to 0 completes */
+    _Atomic int err_claimed; /* a failed piece wrote st/err */
     struct k3_expert_batch *b;
 } exp_item;
 
@@ -90,13 +113,21 @@ struct k3_expert_batch {
     k3_expert_stats st;   /* this batch's counters */
     k3_expert_stats *out; /* caller's stats, may be NULL */
     int quiet;            /* 1: not added to the store's totals (warm start reads) */
+    /* any-order batches (k3_experts_batch_open_any) */
+    int unordered;    /* opened with _any: batch_next hands out ready experts */
+    int staged;       /* unordered and striped: misses go to staging entries */
+    exp_slot *stg;    /* [drives * read_depth] staging entries, drive d's at [d * depth ..) */
+    uint8_t *stg_on;  /* [same] entry holds an item */
+    uint8_t *stg_res; /* [same] entry holds a reservation of the store's staging pool */
+    int stg_used[K3_MAX_DIRS]; /* entries in use per drive */
+    int n_got;
 };
 
 /* A read queue and its loader threads. */
 typedef struct exp_queue {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    exp_item *head, *tail; /* FIFO of reads, in the order queued */
+    exp_job *head, *tail; /* FIFO of reads, in the order queued */
     int stop;
     int init; /* mutex/cv initialised */
     int n_loaders;
@@ -134,12 +165,28 @@ struct k3_experts {
     uint32_t drive_mask;               /* k3_experts_opts.drive_mask: drives read here, 0 = all */
     exp_drive drives[K3_MAX_DIRS];     /* [placement drives] */
     uint64_t drive_bytes[K3_MAX_DIRS]; /* bytes read per queue (stats_mu) */
+    /* staging pool of any-order batches (experts.c): buffers reserved by
+     * batches or free for reuse; stage_mu is taken alone or inside a layer
+     * mutex (order: layer, then stage_mu) */
+    int read_depth; /* per drive, 0 = no staging */
+    pthread_mutex_t stage_mu;
+    unsigned char **stage_free; /* [stage_cap] buffers free for reuse */
+    int n_stage_free;
+    int stage_bufs; /* reservations held by batches + free buffers */
+    int stage_cap;  /* drives x read_depth x 2 */
 };
+
+/* The buffer an item's read goes to: its staging entry or its cache slot. */
+static inline exp_slot *exp_item_slot(exp_item *it) {
+    return it->stg >= 0 ? &it->b->stg[it->stg] : &it->b->L->slots[it->slot];
+}
 
 /* expert_io.c */
 k3_status exp_loaders_start(k3_experts *s, int n, char *err, size_t errlen);
 void exp_loaders_stop(k3_experts *s);
-/* Queues the item's read (caller holds it->b->L->mu; the item is admitted). */
+/* Queues the item's read: one job, or one per non-empty piece of a split
+ * expert on each drive's queue (caller holds it->b->L->mu; the item is
+ * admitted). */
 void exp_queue_read(k3_experts *s, exp_item *it);
 /* Reads expert e of `layer` into slot (allocating its buffer). Errors name
  * the layer, the expert, the part (six-read layout) and the shard. */

@@ -29,7 +29,9 @@ struct k3_placement {
     int n_drives;
     char *drive[K3_MAX_DIRS]; /* owned */
     double weight[K3_MAX_DIRS];
-    int16_t *drive_of; /* [n_layers][n_experts], -1 = layer not placed */
+    int16_t *drive_of; /* [n_layers][n_experts], -1 = layer not placed (all -1 when split) */
+    int split;         /* version 2: every expert's bytes cut over all drives */
+    uint64_t align;    /* split: cut alignment */
 };
 
 static k3_placement *alloc_placement(int n_layers, int n_experts) {
@@ -94,14 +96,25 @@ k3_status k3_placement_build(k3_placement **out, const k3_place_input *in, char 
                            "placement: drive %d path is empty or longer than %d bytes", d,
                            K3_MAX_PATH - 64);
     }
+    uint64_t align = in->align ? in->align : K3_PLACEMENT_ALIGN;
+    if (in->split && (align & (align - 1)) != 0)
+        return k3_errf(K3_ERR_ARG, err, errlen,
+                       "placement: cut alignment %llu is not a power of two",
+                       (unsigned long long)align);
     int L = in->n_layers, E = in->n_experts;
     k3_placement *p = alloc_placement(L, E);
     p->fingerprint = in->fingerprint;
     p->expert_bytes = in->expert_bytes;
     p->n_drives = in->n_drives;
+    p->split = in->split ? 1 : 0;
+    p->align = align;
     for (int d = 0; d < in->n_drives; d++) {
         p->drive[d] = k3_xstrdup(in->drives[d]);
         p->weight[d] = in->weight ? in->weight[d] : 1.0;
+    }
+    if (p->split) { /* no per-expert lists: the cut rule is the placement */
+        *out = p;
+        return K3_OK;
     }
     hot *h = k3_xcalloc((size_t)E, sizeof *h);
     for (int l = 0; l < L; l++) {
@@ -136,7 +149,12 @@ k3_status k3_placement_save(const k3_placement *p, const char *path, char *err, 
     char fp[32];
     snprintf(fp, sizeof fp, "%016llx", (unsigned long long)p->fingerprint);
     json_object_set_new(root, "format", json_string(K3_PLACEMENT_FORMAT));
-    json_object_set_new(root, "version", json_integer(K3_PLACEMENT_VERSION));
+    json_object_set_new(root, "version",
+                        json_integer(p->split ? K3_PLACEMENT_VERSION_SPLIT : K3_PLACEMENT_VERSION));
+    if (p->split) {
+        json_object_set_new(root, "split", json_true());
+        json_object_set_new(root, "align", json_integer((json_int_t)p->align));
+    }
     json_object_set_new(root, "model_fingerprint", json_string(fp));
     json_object_set_new(root, "n_layers", json_integer(p->n_layers));
     json_object_set_new(root, "n_experts", json_integer(p->n_experts));
@@ -147,7 +165,7 @@ k3_status k3_placement_save(const k3_placement *p, const char *path, char *err, 
                               json_pack("{s:s, s:f}", "path", p->drive[d], "weight", p->weight[d]));
     json_object_set_new(root, "drives", drives);
     json_t *layers = json_array();
-    for (int l = 0; l < p->n_layers; l++) {
+    for (int l = 0; l < p->n_layers && !p->split; l++) {
         const int16_t *row = &p->drive_of[(size_t)l * (size_t)p->n_experts];
         if (row[0] < 0) continue;
         json_t *per = json_array();
@@ -159,7 +177,10 @@ k3_status k3_placement_save(const k3_placement *p, const char *path, char *err, 
         }
         json_array_append_new(layers, json_pack("{s:i, s:o}", "layer", l, "experts", per));
     }
-    json_object_set_new(root, "layers", layers);
+    if (p->split)
+        json_decref(layers);
+    else
+        json_object_set_new(root, "layers", layers);
 
     char tmp[K3_MAX_PATH + 8];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
@@ -259,10 +280,28 @@ static k3_status load_json(k3_placement **out, json_t *root, const char *path, c
     long long ver, L, E, eb;
     k3_status st = get_int(root, "version", 0, 1000000, &ver, path, err, errlen);
     if (st != K3_OK) return st;
-    if (ver != K3_PLACEMENT_VERSION)
+    if (ver != K3_PLACEMENT_VERSION && ver != K3_PLACEMENT_VERSION_SPLIT)
         return k3_errf(K3_ERR_MISMATCH, err, errlen,
-                       "placement %s: version %lld, this build reads version %d", path, ver,
-                       K3_PLACEMENT_VERSION);
+                       "placement %s: version %lld, this build reads versions %d and %d", path, ver,
+                       K3_PLACEMENT_VERSION, K3_PLACEMENT_VERSION_SPLIT);
+    json_t *jsplit = json_object_get(root, "split");
+    int split = json_is_true(jsplit);
+    if (jsplit && !json_is_boolean(jsplit))
+        return k3_errf(K3_ERR_FORMAT, err, errlen, "placement %s: \"split\" is not true or false",
+                       path);
+    if (split != (ver == K3_PLACEMENT_VERSION_SPLIT))
+        return k3_errf(K3_ERR_FORMAT, err, errlen,
+                       "placement %s: version %lld %s \"split\": true (version %d is the "
+                       "byte-split format)",
+                       path, ver, split ? "cannot have" : "needs", K3_PLACEMENT_VERSION_SPLIT);
+    long long align = K3_PLACEMENT_ALIGN;
+    if (split && json_object_get(root, "align")) {
+        k3_status sa = get_int(root, "align", 1, (long long)1 << 30, &align, path, err, errlen);
+        if (sa != K3_OK) return sa;
+        if (align & (align - 1))
+            return k3_errf(K3_ERR_FORMAT, err, errlen,
+                           "placement %s: \"align\" is %lld, not a power of two", path, align);
+    }
     if ((st = get_int(root, "n_layers", 1, K3_MAX_LAYERS, &L, path, err, errlen)) != K3_OK ||
         (st = get_int(root, "n_experts", 1, K3_MAX_EXPERTS, &E, path, err, errlen)) != K3_OK ||
         (st = get_int(root, "expert_bytes", 0, (long long)1 << 40, &eb, path, err, errlen)) !=
@@ -283,6 +322,8 @@ static k3_status load_json(k3_placement **out, json_t *root, const char *path, c
     k3_placement *p = alloc_placement((int)L, (int)E);
     p->fingerprint = fpv;
     p->expert_bytes = (uint64_t)eb;
+    p->split = split;
+    p->align = (uint64_t)align;
     snprintf(p->path, sizeof p->path, "%s", path);
     for (int d = 0; d < nd && st == K3_OK; d++) {
         json_t *dv = json_array_get(drives, (size_t)d);
@@ -308,7 +349,12 @@ static k3_status load_json(k3_placement **out, json_t *root, const char *path, c
         }
     }
     json_t *layers = json_object_get(root, "layers");
-    if (st == K3_OK && !json_is_array(layers))
+    if (st == K3_OK && split && layers)
+        st = k3_errf(K3_ERR_FORMAT, err, errlen,
+                     "placement %s: a split placement has no \"layers\" (every expert is on "
+                     "every drive)",
+                     path);
+    else if (st == K3_OK && !split && !json_is_array(layers))
         st = k3_errf(K3_ERR_FORMAT, err, errlen, "placement %s: \"layers\" is not an array", path);
     for (size_t i = 0; st == K3_OK && i < json_array_size(layers); i++)
         st = load_layer(p, json_array_get(layers, i), (int)i, path, err, errlen);
@@ -352,7 +398,7 @@ k3_status k3_placement_check(const k3_placement *p, uint64_t fingerprint, int n_
         return k3_errf(K3_ERR_MISMATCH, err, errlen,
                        "placement %s: %d layers x %d experts, the model has %d x %d", name,
                        p->n_layers, p->n_experts, n_layers, n_experts);
-    for (int l = layer_a; l < layer_b; l++)
+    for (int l = layer_a; l < layer_b && !p->split; l++)
         if (is_moe[l] && p->drive_of[(size_t)l * (size_t)p->n_experts] < 0)
             return k3_errf(K3_ERR_MISSING, err, errlen, "placement %s: MoE layer %d is not placed",
                            name, l);
@@ -364,6 +410,27 @@ uint64_t k3_placement_fingerprint(const k3_placement *p) { return p->fingerprint
 int k3_placement_drives(const k3_placement *p) { return p->n_drives; }
 const char *k3_placement_drive_path(const k3_placement *p, int d) { return p->drive[d]; }
 double k3_placement_drive_weight(const k3_placement *p, int d) { return p->weight[d]; }
+
+int k3_placement_split(const k3_placement *p) { return p->split; }
+uint64_t k3_placement_align(const k3_placement *p) { return p->align; }
+
+/* Cut k of [off, off + len) (0..N): see placement.h. */
+static uint64_t cut(const k3_placement *p, int k, uint64_t off, uint64_t len) {
+    if (k <= 0) return off;
+    if (k >= p->n_drives) return off + len;
+    double wk = 0.0, w = 0.0;
+    for (int d = 0; d < p->n_drives; d++) w += p->weight[d], wk += d < k ? p->weight[d] : 0.0;
+    uint64_t c = off + (uint64_t)((double)len * wk / w + 0.5);
+    c &= ~(p->align - 1);
+    return c < off ? off : c > off + len ? off + len : c;
+}
+
+void k3_placement_piece(const k3_placement *p, int d, uint64_t off, uint64_t len, uint64_t *lo,
+                        uint64_t *hi) {
+    *lo = cut(p, d, off, len);
+    *hi = cut(p, d + 1, off, len);
+    if (*hi < *lo) *hi = *lo;
+}
 
 int k3_placement_drive_of(const k3_placement *p, int layer, int e) {
     if (layer < 0 || layer >= p->n_layers || e < 0 || e >= p->n_experts) return -1;

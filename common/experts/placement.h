@@ -18,7 +18,21 @@
  *    "drives": [{"path": "/nvme1/k3", "weight": 0.5}, ...],
  *    "layers": [{"layer": 1, "experts": [[ids on drive 0], [ids on drive 1], ...]}, ...]}
  * Every MoE layer of the model is listed once and every expert id of it is
- * on exactly one drive. A drive's bytes live in <path>/k3-stripe/<shard>:
+ * on exactly one drive.
+ *
+ * Version 2, byte-split ("split": true, docs/CLUSTER.md "Expert striping"):
+ *   {"format": "k3shard-placement", "version": 2, "split": true, "align": 4096,
+ *    "model_fingerprint": ..., "n_layers": L, "n_experts": E, "expert_bytes": B,
+ *    "drives": [{"path": ..., "weight": w}, ...]}
+ * no per-expert lists: every expert's bytes are cut over all drives in
+ * drive order, drive d's piece proportional to its weight
+ * (k3_placement_piece), so each pick reads from every drive and a MoE
+ * layer is balanced by construction. The unit cut is the expert's span
+ * when its six tensors lie back to back in one shard (slot order), else
+ * each tensor on its own. Cut points are absolute file offsets aligned to
+ * "align" (4096: the O_DIRECT block; a piece may be empty, then that drive
+ * holds nothing of the expert). Drive d's file holds its pieces at the
+ * shard's offsets, like version 1. A drive's bytes live in <path>/k3-stripe/<shard>:
  * a copy of the checkpoint shard with the same size and offsets holding
  * (at least) the bytes of that drive's experts, the rest a hole (or a hard
  * link to the whole shard). Same names and offsets mean the disk order and
@@ -33,9 +47,11 @@
 
 #include "common/base/err.h"
 
-#define K3_PLACEMENT_FORMAT  "k3shard-placement"
-#define K3_PLACEMENT_VERSION 1
-#define K3_PLACEMENT_SUBDIR  "k3-stripe" /* <drive>/k3-stripe/<shard name> */
+#define K3_PLACEMENT_FORMAT        "k3shard-placement"
+#define K3_PLACEMENT_VERSION       1
+#define K3_PLACEMENT_VERSION_SPLIT 2           /* byte-split placements */
+#define K3_PLACEMENT_ALIGN         4096        /* default cut alignment of a split placement */
+#define K3_PLACEMENT_SUBDIR        "k3-stripe" /* <drive>/k3-stripe/<shard name> */
 
 typedef struct k3_placement k3_placement;
 
@@ -49,6 +65,8 @@ typedef struct k3_place_input {
     uint64_t expert_bytes; /* bytes of one expert (k3_expert_geom.total) */
     const uint64_t *usage; /* [n_layers][n_experts] past selections (the rows of
                               k3_experts_usage_read), NULL = none */
+    int split;             /* 1: byte-split (version 2): every expert over every drive */
+    uint64_t align;        /* split: cut alignment in bytes (a power of two), 0 = 4096 */
 } k3_place_input;
 
 /* Builds a placement: per MoE layer, experts in descending expected use
@@ -84,9 +102,20 @@ uint64_t k3_placement_fingerprint(const k3_placement *p);
 int k3_placement_drives(const k3_placement *p);
 const char *k3_placement_drive_path(const k3_placement *p, int d);
 double k3_placement_drive_weight(const k3_placement *p, int d);
-/* Drive holding expert e of layer, -1 for a layer that is not placed. */
+/* 1: a byte-split placement (version 2). */
+int k3_placement_split(const k3_placement *p);
+uint64_t k3_placement_align(const k3_placement *p); /* split: cut alignment, bytes */
+/* Split: drive d's piece [*lo, *hi) (absolute file offsets) of a span
+ * [off, off + len): cut k (1..N-1) at off + round(len * W_k / W), W_k the
+ * weights of drives < k, W all of them, aligned down to `align` and
+ * clamped into the span; cut 0 = off, cut N = off + len. *lo == *hi: drive
+ * d holds none of it. Writer and reader call this with the same spans. */
+void k3_placement_piece(const k3_placement *p, int d, uint64_t off, uint64_t len, uint64_t *lo,
+                        uint64_t *hi);
+/* Drive holding expert e of layer, -1 for a layer that is not placed (and
+ * for every expert of a split placement). */
 int k3_placement_drive_of(const k3_placement *p, int layer, int e);
-/* Experts of layer on drive d (0 for a layer not placed). */
+/* Experts of layer on drive d (0 for a layer not placed or a split placement). */
 int k3_placement_count(const k3_placement *p, int layer, int d);
 /* <drive path>/k3-stripe/<shard_name> into buf; K3_ERR_LIMIT when it does
  * not fit. */

@@ -153,13 +153,19 @@ typedef struct moe_rows {
     float *ysel;        /* [T][topk][latent] */
 } moe_rows;
 
-/* Experts run [n] of an open batch, in order: each over the rows that
- * chose it, the output row kept per (position, selection) in ysel. */
+/* Experts run [n] of an open any-order batch, in the order the store hands
+ * them out (ready first: every drive of a placement reads at once): each
+ * over the rows that chose it, the output row kept per (position,
+ * selection) in ysel, so the order does not reach the sums. */
 static k3_status cpu_experts(const k3_layer_ctx *lc, k3_expert_batch *batch, const int32_t *run,
                              int n_run, const moe_rows *m, k3_arena *ar, char *err, size_t errlen) {
     const int T = m->T, K = m->K, LT = m->LT, G = m->G;
     k3_status st = K3_OK;
-    for (int i = 0; i < n_run; i++) {
+    for (int c = 0; c < n_run; c++) {
+        k3_expert_view view;
+        int i;
+        st = k3_experts_batch_next(batch, &i, &view, err, errlen);
+        if (st != K3_OK) break;
         int32_t e = run[i];
         int n = 0;
         for (int t = 0; t < T; t++)
@@ -179,9 +185,6 @@ static k3_status cpu_experts(const k3_layer_ctx *lc, k3_expert_batch *batch, con
                 memcpy(m->zg + (size_t)r * LT, m->z + src * LT, sizeof(float) * (size_t)LT);
             }
         }
-        k3_expert_view view;
-        st = k3_experts_batch_get(batch, i, &view, err, errlen);
-        if (st != K3_OK) break;
         size_t mark = ar->used;
         k3_moe_expert_apply(lc, &view, m->zg, m->zqg, m->zsg, n, m->y, ar);
         ar->used = mark;
@@ -286,7 +289,7 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
      * drive works. */
     k3_expert_batch *batch = NULL;
     k3_status st =
-        k3_experts_batch_open(&batch, lc->experts, layer, run, n_run, stats, err, errlen);
+        k3_experts_batch_open_any(&batch, lc->experts, layer, run, n_run, stats, err, errlen);
     if (st != K3_OK) {
         if (vj) k3_vk_tier_finish(lc->vk, &vj, 0.0, order); /* never started: unpins */
         return st;
@@ -357,8 +360,8 @@ k3_status k3_moe_forward(const k3_layer_ctx *lc, const k3_moe_w *w, int layer, c
         int32_t *redo = k3_arena_alloc(ar, sizeof(int32_t) * (size_t)E);
         int n_redo = k3_vk_tier_finish(lc->vk, &vj, k3_now_ms() - c0, redo);
         if (st == K3_OK && n_redo > 0) {
-            st =
-                k3_experts_batch_open(&batch, lc->experts, layer, redo, n_redo, stats, err, errlen);
+            st = k3_experts_batch_open_any(&batch, lc->experts, layer, redo, n_redo, stats, err,
+                                           errlen);
             if (st == K3_OK) st = cpu_experts(lc, batch, redo, n_redo, &mr, ar, err, errlen);
             k3_experts_batch_close(&batch);
         }

@@ -48,8 +48,13 @@
 # spans every MoE layer, XSLOTS (default max(1, SLOTS / N)) slots per
 # layer, so the N workers together hold about SLOTS per layer like the
 # other modes.
-# Default (STRIPE=all): each N run unstriped, striped and cross-worker
-# striped, so the three are measured side by side; STRIPE=both = 0 and 1;
+# STRIPE=3: STRIPE=1 with a byte-split placement (`place --split`: every
+# expert's bytes cut over the N drives, so every MoE layer reads 1/N from
+# each drive); STRIPE=split = 0 1 3 (expert-grained and byte-split side by
+# side).
+# Default (STRIPE=all): each N run unstriped, striped, cross-worker
+# striped and byte-split, so the four are measured side by side;
+# STRIPE=both = 0 and 1;
 # STRIPE=pair = 0 and 2 (the issue's pair: today's layout and the best
 # striped one; with N = 1 the layouts are one, measured once).
 # Everything made here (loop devices, mounts, cgroups, /dev/shm files,
@@ -73,8 +78,8 @@ CACHE_PER=${CACHE_PER:-layer} # layer | worker (see above)
 # oversubscribe the cores when N > cores); split = cores / N (at least 1),
 # as workers on their own NUMA nodes or hosts would have
 WORKER_THREADS=${WORKER_THREADS:-all}
-STRIPE=${STRIPE:-all} # 0 = per-worker drives, 1 = striped over all drives, 2 = cross-worker, both = 0 1, pair = 0 2, all = 0 1 2
-case $STRIPE in 0) MODES=0 ;; 1) MODES=1 ;; 2) MODES=2 ;; both) MODES="0 1" ;; pair) MODES="0 2" ;; all) MODES="0 1 2" ;; *) echo "bench-drives: STRIPE=$STRIPE: 0, 1, 2, both, pair or all" >&2; exit 2 ;; esac
+STRIPE=${STRIPE:-all} # 0 = per-worker drives, 1 = striped over all drives, 2 = cross-worker, 3 = byte-split (1 with place --split), both = 0 1, pair = 0 2, split = 0 1 3, all = 0 1 2 3
+case $STRIPE in 0) MODES=0 ;; 1) MODES=1 ;; 2) MODES=2 ;; 3) MODES=3 ;; both) MODES="0 1" ;; pair) MODES="0 2" ;; split) MODES="0 1 3" ;; all) MODES="0 1 2 3" ;; *) echo "bench-drives: STRIPE=$STRIPE: 0, 1, 2, 3, both, pair, split or all" >&2; exit 2 ;; esac
 case $WORKER_THREADS in all | split) ;; *) echo "bench-drives: WORKER_THREADS=$WORKER_THREADS: all or split" >&2; exit 2 ;; esac
 case $CACHE_PER in layer | worker) ;; *) echo "bench-drives: CACHE_PER=$CACHE_PER: layer or worker" >&2; exit 2 ;; esac
 LOAD_TIMEOUT=${LOAD_TIMEOUT:-600} # s for the workers to load
@@ -272,6 +277,7 @@ run_n() {
     local N=$1 M=${2:-0} i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" big
     [ "$M" = 1 ] && { run_striped "$N"; return; }
     [ "$M" = 2 ] && { run_striped "$N" x; return; }
+    [ "$M" = 3 ] && { run_striped "$N" "" split; return; }
     local wthreads
     plan_for "$N" || return 1
     echo
@@ -360,14 +366,15 @@ drive() {
 # N workers (same layer split and budgets) read all drives, in one cgroup
 # throttling each device to DRIVE_MBPS.
 run_striped() {
-    local N=$1 X=${2:-} i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" dlist=""
+    local N=$1 X=${2:-} S=${3:-} mt=1 i a b nmoe gb size shards plan loop dev majmin cg eps="" devs="" pids="" dlist=""
     local wthreads
     plan_for "$N" || return 1
+    [ -n "$S" ] && mt=3
     echo
     if [ -n "$X" ]; then
         echo "=== $N worker(s), $N drive(s), STRIPE=2 (striped; worker i reads drive i only and serves it to the others) ==="
     else
-        echo "=== $N worker(s), $N drive(s), STRIPE=1 (every MoE layer's experts striped over all drives) ==="
+        echo "=== $N worker(s), $N drive(s), STRIPE=$mt (every MoE layer's experts striped over all drives${S:+, the bytes of each expert split over them}) ==="
     fi
     local t_setup; t_setup=$(date +%s)
     mkdir -p "$T/smodel"
@@ -384,7 +391,7 @@ run_striped() {
         MOUNTS+=("$T/sdrive$i")
         dlist+="${dlist:+,}$T/sdrive$i" devs+="${devs:+,}$(basename "$loop")"
     done
-    "$BUILD/k3-coordinator" place --model "$T/smodel" --drives "$dlist" --usage off \
+    "$BUILD/k3-coordinator" place --model "$T/smodel" --drives "$dlist" --usage off ${S:+--split} \
         --out "$T/placement.json" 2>&1 | tail -$((N + 1)) | sed 's/^/  /' || return 1
     [ -s "$T/placement.json" ] || { echo "bench-drives: place failed"; return 1; }
     [ -n "$X" ] && { run_xworkers "$N" "$devs"; return; }
@@ -419,7 +426,7 @@ run_striped() {
     done
     sync
     echo 3 >/proc/sys/vm/drop_caches
-    drive "$N.1" "$T/smodel" "$eps" "$devs" "$pids"
+    drive "$N.$mt" "$T/smodel" "$eps" "$devs" "$pids"
 }
 
 # STRIPE=2 after run_striped made the drives and the placement: worker i

@@ -5,8 +5,10 @@
 # logits of `--local 0` on the source at the same bits; `start serve`
 # answers /v1/completions with the CLI's text; `status` lists the workers;
 # `stop` leaves no process of ours; `setup --stripe` stripes the experts
-# over the 3 drives and striped workers give the same logits; and the
-# failure paths say what to do:
+# over the 3 drives and striped workers give the same logits; on 2 fresh
+# drives `setup --stripe` is one pass (the repacks write the stripes, the
+# final place copies nothing) with the same logits; and the failure paths
+# say what to do:
 # a missing drive, a full drive, a worker that cannot start.
 set -u
 . "$(dirname "$0")/../lib.sh"
@@ -16,7 +18,7 @@ make_tmp workstation_ws
 ws_init "k3-workstation on loop drives"
 KW=$(cd "$(dirname "$0")/../../deploy" && pwd)/k3-workstation
 export K3_WS_STATE=$T/state K3_BIN=$(cd "$BUILD" && pwd) K3_USAGE=off
-trap '"$KW" stop >/dev/null 2>&1; ws_cleanup' EXIT
+trap '"$KW" stop >/dev/null 2>&1; K3_WS_STATE=$T/state1p "$KW" stop >/dev/null 2>&1; ws_cleanup' EXIT
 drives=""
 for i in 1 2 3; do
     ws_drive "d$i" 96
@@ -97,6 +99,29 @@ if "$KW" setup "$TINY" --drives "$drives" --seconds 0.2 --stripe >"$T/setup3.out
     rm -f "$K3_WS_STATE/placement.json" # the failure paths below use the plain layout
 else
     bad "setup --stripe failed: $(tail -3 "$T/setup3.out")"
+fi
+
+# setup --stripe on fresh drives: one pass (the repacks write the stripes
+# from the conversion stream; the final place copies nothing)
+d1p=""
+for i in 1 2; do
+    ws_drive "p$i" 96
+    d1p+="${d1p:+,}$WS_DIR"
+done
+if K3_WS_STATE=$T/state1p "$KW" setup "$TINY" --drives "$d1p" --seconds 0.2 --stripe >"$T/setup1p.out" 2>&1 &&
+    grep -q 'place: .*expert bytes: 0.00 GB (0 B) copied' "$T/setup1p.out" &&
+    [ "$(grep -c 'repack: done.*[1-9] shards\? written' "$T/setup1p.out")" = 2 ] &&
+    [ -n "$(ls "${d1p%%,*}/k3-stripe/.done" 2>/dev/null)" ]; then
+    ok "setup --stripe on fresh drives: stripes written by the repacks, the final place copies 0 B"
+    if K3_WS_STATE=$T/state1p "$KW" start chat --ids $IDS --ngen 3 --all-logits "$T/ws1p.bin" >"$T/chat1p.out" 2>&1 &&
+        cmp -s "$T/ref.bin" "$T/ws1p.bin"; then
+        ok "one-pass striped workers: logits bit-identical to --local 0 on the source"
+    else
+        bad "one-pass striped chat: logits differ or it failed: $(tail -2 "$T/chat1p.out")"
+    fi
+    K3_WS_STATE=$T/state1p "$KW" stop >/dev/null 2>&1
+else
+    bad "setup --stripe on fresh drives: $(grep 'place: .*files\|repack: done' "$T/setup1p.out" | tail -3)"
 fi
 
 # failure paths
