@@ -400,13 +400,40 @@ static void parked(int local) {
  * comes back in a new epoch without the session, and the edited turn's
  * RESTORE by key loads the checkpoint at 12 from its disk (the other worker
  * from memory): 12 reused, the logits and ids of the full replay. */
+/* Turns 1 and 2 of the edit scenario on session 1 (t1, t2), then kill -9 of
+ * stage 1's local worker and the wait for its restart in a new epoch and a
+ * ready cluster. *killed / *epoch_changed say what happened; returns the
+ * first error of the turns or the wait (werr names the wait's). */
+static k3_status turns_then_kill(k3_engine *e, toks *t1, toks *t2, k3_engine_result *r, int *killed,
+                                 int *epoch_changed, char *werr, size_t werrlen) {
+    int32_t tw[12 + 3 + 5];
+    k3_status st = gen(e, 1, A, 12, NULL, t1, r);
+    memcpy(tw, A, sizeof A);
+    memcpy(tw + 12, t1->v, 3 * sizeof(int32_t));
+    memcpy(tw + 15, X, sizeof X);
+    st = st ? st : gen(e, 1, tw, 20, NULL, t2, r);
+    k3_cluster *cl = k3_engine_cluster(e);
+    k3_stage_info si;
+    k3_cluster_stage_info(cl, 1, &si);
+    uint64_t ep0 = si.epoch;
+    *killed = si.pid > 0 && kill(si.pid, SIGKILL) == 0;
+    for (int i = 0; *killed && i < 400; i++) { /* the restart and its new epoch */
+        k3_cluster_stage_info(cl, 1, &si);
+        if (si.ready && si.epoch != ep0) break;
+        usleep(25000);
+    }
+    *epoch_changed = si.epoch != ep0;
+    k3_status ws = k3_cluster_wait_ready(cl, 10000, werr, werrlen);
+    return st ? st : ws;
+}
+
 static void worker_restart_parked(void) {
     char dir[] = "/tmp/k3_test_ckpt_wdir_XXXXXX";
     if (!mkdtemp(dir)) {
         CHECK(0, "mkdtemp: %s", strerror(errno));
         return;
     }
-    int32_t ay[12 + 7], tw[12 + 3 + 5];
+    int32_t ay[12 + 7];
     memcpy(ay, A, sizeof A);
     memcpy(ay + 12, Y, sizeof Y);
     g_ckpt_dir = dir;
@@ -419,29 +446,15 @@ static void worker_restart_parked(void) {
     k3_engine_result r;
     toks t1, t2, t3;
     rows lg = {0};
-    k3_status st = gen(e, 1, A, 12, NULL, &t1, &r);
-    memcpy(tw, A, sizeof A);
-    memcpy(tw + 12, t1.v, 3 * sizeof(int32_t));
-    memcpy(tw + 15, X, sizeof X);
-    st = st ? st : gen(e, 1, tw, 20, NULL, &t2, &r);
-    k3_cluster *cl = k3_engine_cluster(e);
-    k3_stage_info si;
-    k3_cluster_stage_info(cl, 1, &si);
-    uint64_t ep0 = si.epoch;
-    int killed = si.pid > 0 && kill(si.pid, SIGKILL) == 0;
+    int killed = 0, moved = 0;
     char werr[512] = "";
-    for (int i = 0; killed && i < 400; i++) { /* the restart and its new epoch */
-        k3_cluster_stage_info(cl, 1, &si);
-        if (si.ready && si.epoch != ep0) break;
-        usleep(25000);
-    }
-    k3_status ws = k3_cluster_wait_ready(cl, 10000, werr, sizeof werr);
-    st = st ? st : gen(e, 1, ay, 19, &lg, &t3, &r);
+    k3_status ws = turns_then_kill(e, &t1, &t2, &r, &killed, &moved, werr, sizeof werr);
+    k3_status st = ws ? ws : gen(e, 1, ay, 19, &lg, &t3, &r);
     int same = st == K3_OK && lg.v && lg.lo == 12 && lg.hi == 19 &&
                !memcmp(lg.v + (size_t)12 * (size_t)lg.vocab,
                        g_ref_lg.v + (size_t)12 * (size_t)g_ref_lg.vocab,
                        sizeof(float) * 7 * (size_t)lg.vocab);
-    CHECK(killed && ws == K3_OK && si.epoch != ep0 && st == K3_OK && r.gen.n_reused == 12 &&
+    CHECK(killed && ws == K3_OK && moved && st == K3_OK && r.gen.n_reused == 12 &&
               r.gen.n_prefilled == 7,
           "--ckpt-dir, --local 2, a worker killed with -9 between turns and restarted: the "
           "edited turn restores the checkpoint at 12 from its disk (%d reused, %d prefilled) (%s)",
@@ -623,26 +636,11 @@ int main(void) {
      * conversation replays, to the same ids */
     e = open_engine(2, 2, NULL, 0, 0);
     if (e) {
-        int32_t tw[12 + 3 + 5];
-        st = gen(e, 1, A, 12, NULL, &t1, &r);
-        memcpy(tw, A, sizeof A);
-        memcpy(tw + 12, t1.v, 3 * sizeof(int32_t));
-        memcpy(tw + 15, X, sizeof X);
-        st = st ? st : gen(e, 1, tw, 20, NULL, &t2, &r);
-        k3_cluster *cl = k3_engine_cluster(e);
-        k3_stage_info si;
-        k3_cluster_stage_info(cl, 1, &si);
-        uint64_t ep0 = si.epoch;
-        int killed = si.pid > 0 && kill(si.pid, SIGKILL) == 0;
+        int killed = 0, moved = 0;
         char werr[512] = "";
-        for (int i = 0; killed && i < 400; i++) { /* the restart and its new epoch */
-            k3_cluster_stage_info(cl, 1, &si);
-            if (si.ready && si.epoch != ep0) break;
-            usleep(25000);
-        }
-        k3_status ws = k3_cluster_wait_ready(cl, 10000, werr, sizeof werr);
-        st = st ? st : gen(e, 1, ay, 19, NULL, &t3, &r);
-        CHECK(killed && ws == K3_OK && si.epoch != ep0 && st == K3_OK && r.gen.n_reused == 0 &&
+        k3_status ws = turns_then_kill(e, &t1, &t2, &r, &killed, &moved, werr, sizeof werr);
+        st = ws ? ws : gen(e, 1, ay, 19, NULL, &t3, &r);
+        CHECK(killed && ws == K3_OK && moved && st == K3_OK && r.gen.n_reused == 0 &&
                   r.gen.n_prefilled == 19 && t3.n == g_ref.n &&
                   !memcmp(t3.v, g_ref.v, sizeof(int32_t) * (size_t)g_ref.n),
               "--local 2, a worker killed with -9 between turns and restarted (new epoch): the "

@@ -142,6 +142,24 @@ static long anon_huge_kb(void) {
     return kb;
 }
 
+/* GB/s of one read-pattern pass (pat_task or seq_task) over every copy of
+ * the case's matrix: the weight bytes of rows x ldp, split per_task rows a
+ * task as the library's mm_run splits them. */
+static double pattern_gbps(k3_pool *pool, void (*task)(void *, int), const fmt_case *fc, int kind,
+                           size_t ldp, int rows, int per) {
+    double t0 = k3_now_s();
+    for (int c = 0; c < fc->copies; c++) {
+        pat_job pj = {.w = kind == BENCH_MXI8               ? fc->m[c].mx.packed
+                           : fc->m[c].qm.fmt == K3_QF_I4G64 ? fc->m[c].qm.q4
+                                                            : (const uint8_t *)fc->m[c].qm.q8,
+                      .ldp = ldp,
+                      .rows = rows,
+                      .per_task = per};
+        k3_pool_run(pool, task, &pj, (rows + per - 1) / per);
+    }
+    return (double)ldp * rows * fc->copies / (k3_now_s() - t0) / 1e9;
+}
+
 static void run_once(const bench_mat *m, const fmt_case *fc, int n, k3_pool *pool) {
     if (m->kind == BENCH_MXI8)
         k3_mxfp4_matmul_i8_mt(&m->mx, fc->xq, fc->xs, n, fc->y, pool);
@@ -329,30 +347,8 @@ int main(int argc, char **argv) {
                                                                            : (size_t)cols;
                         const int tasks = T == 1 ? 1 : 2 * T;
                         const int per = ((rows + 15) / 16 + tasks - 1) / tasks * 16;
-                        t0 = k3_now_s();
-                        for (int c = 0; c < fc.copies; c++) {
-                            pat_job pj = {.w = kind == BENCH_MXI8 ? fc.m[c].mx.packed
-                                               : fc.m[c].qm.fmt == K3_QF_I4G64
-                                                   ? fc.m[c].qm.q4
-                                                   : (const uint8_t *)fc.m[c].qm.q8,
-                                          .ldp = ldp,
-                                          .rows = rows,
-                                          .per_task = per};
-                            k3_pool_run(pool, pat_task, &pj, (rows + per - 1) / per);
-                        }
-                        pr[p] = (double)ldp * rows * fc.copies / (k3_now_s() - t0) / 1e9;
-                        t0 = k3_now_s();
-                        for (int c = 0; c < fc.copies; c++) {
-                            pat_job pj = {.w = kind == BENCH_MXI8 ? fc.m[c].mx.packed
-                                               : fc.m[c].qm.fmt == K3_QF_I4G64
-                                                   ? fc.m[c].qm.q4
-                                                   : (const uint8_t *)fc.m[c].qm.q8,
-                                          .ldp = ldp,
-                                          .rows = rows,
-                                          .per_task = per};
-                            k3_pool_run(pool, seq_task, &pj, (rows + per - 1) / per);
-                        }
-                        qr[p] = (double)ldp * rows * fc.copies / (k3_now_s() - t0) / 1e9;
+                        pr[p] = pattern_gbps(pool, pat_task, &fc, kind, ldp, rows, per);
+                        qr[p] = pattern_gbps(pool, seq_task, &fc, kind, ldp, rows, per);
                     }
                     if (hot) {
                         run_once(&hm, &fc, n, pool);
