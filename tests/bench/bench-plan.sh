@@ -94,10 +94,10 @@ for set in ${SETS:-40 80,40 120,90,60,30}; do
         echo 3 >/proc/sys/vm/drop_caches
         t0=$(date +%s)
         meas=$(K3_READ_DEPTH=${READ_DEPTH:-0} ws_in_cg "$C" --model "$D" "${place[@]}" --local 0 \
-            --ids 5,7 --ngen 5 --expert-gb "$egb" --log-level info 2>&1 | tee "$T/run$n_set.log" |
+            --ids 5,7 --ngen 5 --expert-gb "$egb" --log-level info --stats 2>&1 | tee "$T/run$n_set.log" |
             sed -n 's/.*decode: .*(\([0-9.]*\) ms\/token.*/\1/p')
         /usr/bin/python3 - "$T/plan$n_set.json" "$set" "${pred:-0}" "${meas:-0}" "$T/place$n_set.err" \
-            "$T/errors" "$(($(date +%s) - t0))" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PYEOF'
+            "$T/errors" "$(($(date +%s) - t0))" "$(cut -d' ' -f1-3 /proc/loadavg)" "$T/run$n_set.log" <<'PYEOF'
 import json, os, re, sys
 p, rates = json.load(open(sys.argv[1])), sys.argv[2]
 pred, meas = float(sys.argv[3]), float(sys.argv[4]) / 1000
@@ -126,6 +126,17 @@ print("    plan: reads %.3f + compute not under them %.3f + compute beyond them 
           t.get("reads_s", 0), t.get("compute_not_under_reads_s", 0),
           t.get("compute_beyond_reads_s", 0), t.get("dense_layers_and_head_s", 0),
           t.get("dense_gbs", 0), t.get("expert_ms", 0), pred, meas, err, sys.argv[7], sys.argv[8]))
+# the engine's own counts (--stats): hits and misses over the run, MB per drive
+hm, dmb = "", []
+for l in open(sys.argv[9], errors="replace"):
+    m = re.search(r"stats: expert store .*?(\d+) hits, (\d+) misses", l)
+    if m:
+        hm = "engine: %s hits, %s misses" % m.groups()
+    m = re.search(r"stats: expert drive (\d+): ([0-9.]+) MB read", l)
+    if m:
+        dmb.append("%.0f" % float(m.group(2)))
+if hm:
+    print("    %s%s" % (hm, "; MB read per drive: " + " / ".join(dmb) if dmb else ""))
 with open(sys.argv[6], "a") as f:
     f.write("%d %.1f\n" % (len(p["drives"]), abs(err) if err == err else 999))
 PYEOF
