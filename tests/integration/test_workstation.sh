@@ -113,11 +113,11 @@ if K3_WS_STATE=$T/state1p "$KW" setup "$TINY" --drives "$d1p" --seconds 0.2 --st
     [ "$(grep -c 'repack: done.*[1-9] shards\? written' "$T/setup1p.out")" = 2 ] &&
     [ -n "$(ls "${d1p%%,*}/k3-stripe/.done" 2>/dev/null)" ]; then
     ok "setup --stripe on fresh drives: stripes written by the repacks, the final place copies 0 B"
-    if K3_WS_STATE=$T/state1p "$KW" start chat --ids $IDS --ngen 3 --all-logits "$T/ws1p.bin" >"$T/chat1p.out" 2>&1 &&
+    if K3_WS_STATE=$T/state1p "$KW" start run --ids $IDS --ngen 3 --all-logits "$T/ws1p.bin" >"$T/chat1p.out" 2>&1 &&
         cmp -s "$T/ref.bin" "$T/ws1p.bin"; then
         ok "one-pass striped workers: logits bit-identical to --local 0 on the source"
     else
-        bad "one-pass striped chat: logits differ or it failed: $(tail -2 "$T/chat1p.out")"
+        bad "one-pass striped run: logits differ or it failed: $(tail -2 "$T/chat1p.out")"
     fi
     K3_WS_STATE=$T/state1p "$KW" stop >/dev/null 2>&1
 else
