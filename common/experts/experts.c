@@ -471,6 +471,17 @@ static void unpin(exp_layer *L, int j) {
     }
 }
 
+/* A miss whose destination (slot or staging buffer) is set: counted, the
+ * read window's clock started, the read queued on its drive. Caller holds
+ * L->mu. */
+static void start_read(k3_expert_batch *b, exp_item *it) {
+    it->miss = 1;
+    it->reading = 1;
+    if (b->reads_in_flight++ == 0) b->io_t0 = k3_now_ms();
+    exp_advise(b->s, &b->L->loc[it->id]);
+    exp_queue_read(b->s, it);
+}
+
 /* Admits the batch's next experts while it holds fewer than n_slots: a hit
  * pins its slot, a miss takes a victim and queues its read (disk order is
  * the admission order). With K3_PIPE=0 a new block is admitted only when
@@ -512,11 +523,7 @@ static void admit(k3_expert_batch *b) {
             sl->last_use = ++L->clock;
             L->slot_of[it->id] = v;
             it->slot = v;
-            it->miss = 1;
-            it->reading = 1;
-            if (b->reads_in_flight++ == 0) b->io_t0 = k3_now_ms();
-            exp_advise(s, &L->loc[it->id]);
-            exp_queue_read(s, it);
+            start_read(b, it);
         }
         L->usage[it->id]++;
         it->admitted = 1;
@@ -597,11 +604,7 @@ static void admit_staged(k3_expert_batch *b) {
             b->stg_on[k] = 1;
             b->stg_used[d]++;
             it->stg = k;
-            it->miss = 1;
-            it->reading = 1;
-            if (b->reads_in_flight++ == 0) b->io_t0 = k3_now_ms();
-            exp_advise(s, &L->loc[it->id]);
-            exp_queue_read(s, it);
+            start_read(b, it);
         }
         L->usage[it->id]++;
         it->admitted = 1;
