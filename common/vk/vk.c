@@ -66,6 +66,31 @@ k3_status k3_vk_experts_apply(k3_vk *vk, const k3_vk_expert *const *e, const int
 
 #include <vulkan/vulkan.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <dlfcn.h>
+#include <link.h>
+
+/* AddressSanitizer builds only: every shared object mapped now (the Vulkan
+ * loader's ICD and what it pulled in) is marked RTLD_NODELETE, so the
+ * loader's dlclose at vkDestroyInstance leaves it mapped until exit. An ICD
+ * that keeps heap memory behind a global would otherwise be reported by
+ * LeakSanitizer as leaked from "<unknown module>" once unmapped, a report
+ * no suppression can name: Debian's mesa-vulkan-drivers 22.3.6-1+deb12u2
+ * (lavapipe) does so for 128 bytes, as `vulkaninfo --summary` run with
+ * libasan preloaded shows without any k3shard code (docs/VULKAN.md). */
+static int pin_one(struct dl_phdr_info *info, size_t size, void *ctx) {
+    (void)size, (void)ctx;
+    if (info->dlpi_name && info->dlpi_name[0]) {
+        void *h = dlopen(info->dlpi_name, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+        if (h) dlclose(h); /* the reference dlopen took; NODELETE stays */
+    }
+    return 0;
+}
+static void pin_loaded_modules(void) { dl_iterate_phdr(pin_one, NULL); }
+#else
+static void pin_loaded_modules(void) {}
+#endif
+
 /* glslc -mfmt=num output of common/vk/shaders/expert.comp (Makefile): fused
  * steps in double (the CPU's bits; needs shaderFloat64), and the variant
  * with the device's own fma() for devices without float64. */
@@ -392,7 +417,10 @@ void k3_vk_close(k3_vk **pvk) {
         if (vk->cpool) vkDestroyCommandPool(vk->dev, vk->cpool, NULL);
         vkDestroyDevice(vk->dev, NULL);
     }
-    if (vk->inst) vkDestroyInstance(vk->inst, NULL);
+    if (vk->inst) {
+        pin_loaded_modules(); /* sanitizer builds: see above */
+        vkDestroyInstance(vk->inst, NULL);
+    }
     free(vk->sets);
     pthread_mutex_destroy(&vk->used_mu);
     free(vk);
