@@ -360,10 +360,13 @@ int main(void) {
     printf("# row|a slow peer: 20,000 requests, reads nothing|20000|%s|none (its answers dropped "
            "at the HWM)|%ld kB|%.0f ms\n",
            answered ? "real traffic answered" : "STATS lost", rss4, worst);
-    /* ASan's quarantine keeps up to 256 MiB of freed blocks (quarantine_size_mb)
-     * in the worker's RSS: 20,000 received messages fill it */
+    /* Under ASan the worker's peak grows by 200-300 MiB here (98 -> 310-398 MB
+     * in three runs of 2026-12-02; a 16 MiB quarantine did not change it):
+     * the sanitizer's allocator and quarantine around libzmq's per-message
+     * buffers, not the worker's. The plain build (`make test`) asserts the
+     * 64 MiB bound; the ASan build keeps a runaway bound of 1 GiB. */
 #if defined(__SANITIZE_ADDRESS__)
-    const long rss_allow = (64 + 256) * 1024;
+    const long rss_allow = 1024 * 1024;
 #else
     const long rss_allow = 64 * 1024;
 #endif
