@@ -753,6 +753,20 @@ k3_status k3_experts_batch_open_any(k3_expert_batch **out, k3_experts *s, int la
 
 int k3_experts_read_depth(const k3_experts *s) { return s->read_depth; }
 
+/* What an item that is no longer loading gives the caller: its own read's
+ * error, the error of a concurrent request's read of the same slot, or the
+ * view of the ready slot. Caller holds L->mu. */
+static k3_status item_view(const k3_expert_batch *b, const exp_item *it, const exp_slot *sl,
+                           k3_expert_view *view, char *err, size_t errlen) {
+    if (it->miss && it->st != K3_OK) return k3_errf(it->st, err, errlen, "%s", it->err);
+    if (sl->state != EXP_SLOT_READY)
+        return k3_errf(K3_ERR_IO, err, errlen,
+                       "layer %d expert %d: the read started by a concurrent request failed",
+                       b->layer, it->id);
+    fill_view(b->s, sl, it->id, view);
+    return K3_OK;
+}
+
 k3_status k3_experts_batch_get(k3_expert_batch *b, int i, k3_expert_view *view, char *err,
                                size_t errlen) {
     K3_ASSERT(b && i == b->next_get && i < b->n);
@@ -770,15 +784,8 @@ k3_status k3_experts_batch_get(k3_expert_batch *b, int i, k3_expert_view *view, 
     b->st.read_ms += k3_now_ms() - t0;
     exp_slot *sl = &L->slots[it->slot];
     k3_status st = K3_OK;
-    if (it->miss && it->st != K3_OK) {
-        st = it->st;
-        k3_errf(st, err, errlen, "%s", it->err);
-    } else if (sl->state != EXP_SLOT_READY) {
-        st = k3_errf(K3_ERR_IO, err, errlen,
-                     "layer %d expert %d: the read started by a concurrent request failed",
-                     b->layer, it->id);
-    } else {
-        fill_view(b->s, sl, it->id, view);
+    st = item_view(b, it, sl, view, err, errlen);
+    if (st == K3_OK) {
         b->next_get++;
         it->got = 1;
         b->n_got++;
@@ -814,16 +821,7 @@ k3_status k3_experts_batch_next(k3_expert_batch *b, int *i, k3_expert_view *view
     it->got = 1; /* handed out, failed or not: put releases it */
     b->n_got++;
     *i = k;
-    if (it->miss && it->st != K3_OK) {
-        st = it->st;
-        k3_errf(st, err, errlen, "%s", it->err);
-    } else if (sl->state != EXP_SLOT_READY) {
-        st = k3_errf(K3_ERR_IO, err, errlen,
-                     "layer %d expert %d: the read started by a concurrent request failed",
-                     b->layer, it->id);
-    } else {
-        fill_view(b->s, sl, it->id, view);
-    }
+    st = item_view(b, it, sl, view, err, errlen);
     pthread_mutex_unlock(&L->mu);
     return st;
 }
