@@ -783,8 +783,7 @@ k3_status k3_experts_batch_get(k3_expert_batch *b, int i, k3_expert_view *view, 
     }
     b->st.read_ms += k3_now_ms() - t0;
     exp_slot *sl = &L->slots[it->slot];
-    k3_status st = K3_OK;
-    st = item_view(b, it, sl, view, err, errlen);
+    k3_status st = item_view(b, it, sl, view, err, errlen);
     if (st == K3_OK) {
         b->next_get++;
         it->got = 1;
@@ -817,11 +816,10 @@ k3_status k3_experts_batch_next(k3_expert_batch *b, int *i, k3_expert_view *view
     b->st.read_ms += k3_now_ms() - t0;
     exp_item *it = &b->items[k];
     exp_slot *sl = exp_item_slot(it);
-    k3_status st = K3_OK;
     it->got = 1; /* handed out, failed or not: put releases it */
     b->n_got++;
     *i = k;
-    st = item_view(b, it, sl, view, err, errlen);
+    k3_status st = item_view(b, it, sl, view, err, errlen);
     pthread_mutex_unlock(&L->mu);
     return st;
 }
