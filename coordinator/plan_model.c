@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "common/base/cache_dir.h"
 #include "common/base/log.h"
 #include "common/base/pool.h"
 #include "common/kernels/kernels.h"
@@ -188,25 +188,15 @@ static k3_status measure(const k3_config *cfg, double seconds, k3_plan_compute *
     return K3_OK;
 }
 
+/* The measurement's cache file into out [cap]; -1 (with a warning naming why)
+ * when there is none, and the measurement is not kept. */
 static int cache_path(char *out, size_t cap) {
-    const char *dir = getenv("K3_CACHE_DIR"), *home = getenv("HOME");
-    char base[3072];
-    if (dir && dir[0] == '/')
-        snprintf(base, sizeof base, "%s", dir);
-    else if (home && home[0] == '/')
-        snprintf(base, sizeof base, "%s/.cache/k3shard", home);
-    else
+    char dir[3072], err[512];
+    if (k3_cache_dir(dir, sizeof dir, err, sizeof err) != K3_OK) {
+        K3_WARN("plan: the compute measurement is not cached: %s", err);
         return -1;
-    char mk[3072];
-    snprintf(mk, sizeof mk, "%s", base);
-    for (char *p = mk + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            mkdir(mk, 0700);
-            *p = '/';
-        }
-    mkdir(mk, 0700);
-    return (size_t)snprintf(out, cap, "%s/plan_compute.json", base) < cap ? 0 : -1;
+    }
+    return (size_t)snprintf(out, cap, "%s/plan_compute.json", dir) < cap ? 0 : -1;
 }
 
 k3_status k3_plan_compute_get(const k3_config *cfg, double seconds, int remeasure,

@@ -66,8 +66,10 @@ void k3_plan_moe_compute(const k3_plan_compute *pc, uint64_t layer_dense, uint64
 /* Measures the compute term at cfg's real shapes (latent x hidden int8
  * matrix, one mxfp4 expert of moe_inter x latent) for ~seconds each with
  * the engine's default threads, or reads it from the cache file
- * ($K3_CACHE_DIR or ~/.cache/k3shard, plan_compute.json, keyed by the
- * shapes, threads and kernel level; trusted for a week) unless remeasure. */
+ * (plan_compute.json in k3_cache_dir's directory, common/base/cache_dir.h,
+ * keyed by the shapes, threads and kernel level; trusted for a week) unless
+ * remeasure. Without a usable cache directory it warns why and measures,
+ * keeping nothing. */
 k3_status k3_plan_compute_get(const k3_config *cfg, double seconds, int remeasure,
                               k3_plan_compute *out, char *err, size_t errlen);
 

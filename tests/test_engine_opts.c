@@ -1,7 +1,9 @@
 /* tests/test_engine_opts.c: the engine rows both programs share
  * (common/engine/engine_opts.h): embedded at a non-zero offset of a program's
  * struct, defaults, flags and variables land in the right fields, --exact
- * and its conflicts, the copy into k3_model_opts and the usage path,
+ * and its conflicts, the copy into k3_model_opts and the usage path, the
+ * cache directory's precedence (common/base/cache_dir.h: K3_CACHE_DIR over
+ * XDG_CACHE_HOME over HOME, a relative K3_CACHE_DIR refused naming it),
  * --help listing every row, the process-wide rows (--log-level / K3_LOG,
  * --isa / K3_ISA) and their application, and the coordinator's link rows
  * (heartbeat, back-offs, resumes), whose defaults must be
@@ -13,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/base/cache_dir.h"
 #include "common/base/log.h"
 #include "common/base/opts.h"
 #include "common/engine/engine_opts.h"
@@ -62,7 +65,7 @@ static void clear_env(void) {
                           "K3_DENSE_IDOT",    "K3_LOG",           "K3_ISA",
                           "K3_HB_MS",         "K3_RESUMES",       "K3_RESUME_WAIT_MS",
                           "K3_RETRY_LOST_MS", "K3_RETRY_OPEN_MS", "K3_RETRY_REFUSED_MS",
-                          "K3_HELLO_MIN_MS",  "K3_HANDSHAKE_MS"};
+                          "K3_HELLO_MIN_MS",  "K3_HANDSHAKE_MS",  "K3_CACHE_DIR"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) unsetenv(vars[i]);
 }
 
@@ -204,6 +207,88 @@ static k3_status parse(popts *o, char *err, const char *a0, ...) {
     return st;
 }
 
+/* k3_cache_dir's precedence, each directory under a temporary root; HOME
+ * and XDG_CACHE_HOME are restored after. */
+static void test_cache_dir(void) {
+    char root[64] = "/tmp/k3_cache_dir.XXXXXX", k3[128], xdg[128], home[128], want[256], dir[512],
+         err[512];
+    if (!mkdtemp(root)) {
+        CHECK(0, "mkdtemp for the cache directories");
+        return;
+    }
+    char *old_home = getenv("HOME") ? strdup(getenv("HOME")) : NULL;
+    char *old_xdg = getenv("XDG_CACHE_HOME") ? strdup(getenv("XDG_CACHE_HOME")) : NULL;
+    snprintf(k3, sizeof k3, "%s/k3", root);
+    snprintf(xdg, sizeof xdg, "%s/xdg", root);
+    snprintf(home, sizeof home, "%s/home", root);
+    struct stat sb;
+
+    setenv("K3_CACHE_DIR", k3, 1);
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    setenv("HOME", home, 1);
+    k3_status st = k3_cache_dir(dir, sizeof dir, err, sizeof err);
+    CHECK(st == K3_OK && !strcmp(dir, k3) && stat(k3, &sb) == 0 && (sb.st_mode & 0777) == 0700 &&
+              stat(xdg, &sb) != 0,
+          "K3_CACHE_DIR wins over XDG_CACHE_HOME and HOME, and is the directory itself (no "
+          "/k3shard), created 0700: '%s' (%s)",
+          dir, st ? err : "ok");
+    /* the usage history follows it */
+    popts o;
+    char usage[600];
+    k3_model_opts mo;
+    st = parse(&o, err, "--model", t_tiny_dir(), NULL);
+    k3_model_opts_default(&mo);
+    k3_engine_opts_model(&o.eng, &mo, usage, sizeof usage);
+    snprintf(want, sizeof want, "%s/", k3);
+    CHECK(st == K3_OK && mo.usage_path == usage && !strncmp(usage, want, strlen(want)) &&
+              strlen(usage) == strlen(want) + 16 + 6,
+          "no --usage with K3_CACHE_DIR: $K3_CACHE_DIR/<fingerprint>/usage ('%s')", usage);
+    k3_opts_free(table, N_TABLE, &o);
+
+    unsetenv("K3_CACHE_DIR");
+    st = k3_cache_dir(dir, sizeof dir, err, sizeof err);
+    snprintf(want, sizeof want, "%s/k3shard", xdg);
+    CHECK(st == K3_OK && !strcmp(dir, want) && stat(want, &sb) == 0 && S_ISDIR(sb.st_mode),
+          "without K3_CACHE_DIR, XDG_CACHE_HOME wins over HOME: '%s' (%s)", dir, st ? err : "ok");
+
+    unsetenv("XDG_CACHE_HOME");
+    st = k3_cache_dir(dir, sizeof dir, err, sizeof err);
+    snprintf(want, sizeof want, "%s/.cache/k3shard", home);
+    CHECK(st == K3_OK && !strcmp(dir, want) && stat(want, &sb) == 0 && S_ISDIR(sb.st_mode),
+          "without either, HOME/.cache/k3shard: '%s' (%s)", dir, st ? err : "ok");
+
+    setenv("K3_CACHE_DIR", "rel/k3cache", 1);
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    st = k3_cache_dir(dir, sizeof dir, err, sizeof err);
+    CHECK(st == K3_ERR_ARG && strstr(err, "K3_CACHE_DIR") && strstr(err, "'rel/k3cache'") &&
+              strstr(err, "not an absolute path") && stat("rel", &sb) != 0,
+          "a relative K3_CACHE_DIR is an error naming it, not a fallback: '%s'", err);
+    st = parse(&o, err, "--model", t_tiny_dir(), NULL);
+    k3_model_opts_default(&mo);
+    k3_engine_opts_model(&o.eng, &mo, usage, sizeof usage);
+    CHECK(st == K3_OK && mo.usage_path == NULL && !strcmp(usage, "off"),
+          "no --usage with a relative K3_CACHE_DIR: no history, with a warning ('%s')", usage);
+    k3_opts_free(table, N_TABLE, &o);
+
+    unsetenv("K3_CACHE_DIR");
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HOME", "relhome", 1);
+    st = k3_cache_dir(dir, sizeof dir, err, sizeof err);
+    CHECK(st == K3_ERR_ARG && strstr(err, "K3_CACHE_DIR is not set") &&
+              strstr(err, "XDG_CACHE_HOME is not set") && strstr(err, "HOME is 'relhome'"),
+          "none usable: the error names the three variables: '%s'", err);
+
+    if (old_home)
+        setenv("HOME", old_home, 1);
+    else
+        unsetenv("HOME");
+    if (old_xdg) setenv("XDG_CACHE_HOME", old_xdg, 1);
+    free(old_home);
+    free(old_xdg);
+    snprintf(dir, sizeof dir, "rm -rf %s", root);
+    if (system(dir) != 0) fprintf(stderr, "could not remove %s\n", root);
+}
+
 int main(void) {
     popts o;
     char err[256];
@@ -291,6 +376,7 @@ int main(void) {
         }
     }
     k3_opts_free(table, N_TABLE, &o);
+    test_cache_dir();
 
     /* ranges are the one definition's */
     st = parse(&o, err, "--expert-gb", "70000", NULL);

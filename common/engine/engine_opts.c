@@ -75,7 +75,7 @@ void k3_engine_opts_model(const k3_engine_opts *e, k3_model_opts *mo, char *usag
     mo->read_depth = e->read_depth;
     mo->topp = e->expert_topp;
     mo->placement = e->placement;
-    /* ~/.cache/k3shard/<fingerprint>/usage unless given (never the model
+    /* <cache dir>/<fingerprint>/usage unless given (never the model
      * directory: it may be read-only or shared, usage_path.c); "off" (or "")
      * means none. One file serves every worker of the model: a save merges
      * (common/experts/experts.h). */

@@ -43,7 +43,7 @@ typedef struct k3_engine_opts {
     int read_depth;     /* striped expert reads in flight per drive, 0 = 2, -1 = off */
     double expert_topp; /* keep routed experts up to this cumulative weight, 0 = all */
     int max_layers;     /* truncate the stack to this many layers, 0 = all */
-    char *usage;        /* usage history file; NULL = ~/.cache/k3shard/<fp>/usage, "off" = none */
+    char *usage;        /* usage history file; NULL = <cache dir>/<fp>/usage, "off" = none */
     int usage_save;     /* save the usage history at a clean exit */
     int mmap;           /* map a repacked container's prepared matrices read-only */
     int isa;            /* kernel level: K3_ISA_AUTO or a k3_isa (k3_engine_opts_apply) */
@@ -177,8 +177,9 @@ typedef struct k3_engine_opts {
      .offset = K3_ENGINE_OFF(T, m, usage),                                                         \
      .metavar = "PATH",                                                                            \
      .help = "expert usage history: warms the cache at start, saved at a clean exit, "             \
-             "each worker merging its layers' rows (default ~/.cache/k3shard/<model "             \
-             "fingerprint>/usage, never the model directory; off = none)"},                       \
+             "each worker merging its layers' rows (default <cache>/<model fingerprint>/usage, "  \
+             "<cache> = $K3_CACHE_DIR, else $XDG_CACHE_HOME/k3shard, else ~/.cache/k3shard; "     \
+             "never the model directory; off = none)"},                                           \
     {.name = "usage_save",                                                                         \
      .env = "K3_USAGE_SAVE",                                                                       \
      .env_alias = "USAGE_SAVE",                                                                    \
@@ -294,10 +295,12 @@ void k3_engine_opts_apply(const k3_engine_opts *e);
  * "off" with a warning when that fails);
  * mo->usage_path points to it, or is NULL for "off" / "". mo borrows the
  * strings of e and usage_buf. bits_explicit is the caller's. */
-/* usage_path.c: $XDG_CACHE_HOME (else ~/.cache) /k3shard/<model
- * fingerprint>/usage into out [cap], the directory created (mode 0700).
- * Errors name the directory, or the model's config when it cannot be
- * read. */
+/* usage_path.c: <cache directory>/<model fingerprint>/usage into out [cap],
+ * the cache directory k3_cache_dir's (common/base/cache_dir.h: $K3_CACHE_DIR,
+ * else $XDG_CACHE_HOME/k3shard, else ~/.cache/k3shard), the directories
+ * created (mode 0700). Errors name the model's config when it cannot be
+ * read, the variables when no cache directory is usable, or the directory
+ * that cannot be created. */
 k3_status k3_usage_default_path(const char *model_dir, int max_layers, double topp, char *out,
                                 size_t cap, char *err, size_t errlen);
 
