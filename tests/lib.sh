@@ -18,13 +18,15 @@
 #   port                 a free tcp port on 127.0.0.1
 #   wait_line FILE RE PID [S]  wait until FILE has a line matching the grep
 #                        RE (0), PID exits (1) or S seconds pass (1; 300)
-#   identity_runs SEED N NGEN  IDS = N random prompt ids below 1280 (tiny's
-#                        vocabulary; python's random.Random(SEED)), and for
-#                        bit-identity checks:
+#   identity_runs SEED N NGEN [USAGE]  IDS = N random prompt ids below 1280
+#                        (tiny's vocabulary; python's random.Random(SEED)), and
+#                        for bit-identity checks:
 #                          run NAME ARGS...  $C --model $TINY --ids $IDS --ngen NGEN
-#                            --print-ids --threads 1 --usage off ARGS: logits in
+#                            --print-ids --threads 1 --usage USAGE ARGS: logits in
 #                            $T/NAME.f32, the ids line in $T/NAME.ids, stdout and
-#                            stderr in $T/NAME.out / .err; returns its status
+#                            stderr in $T/NAME.out / .err; returns its status.
+#                            USAGE is off when not given; `default` gives no
+#                            --usage (the default history in the cache directory)
 #                          same A B  runs A and B gave the same logits and ids (some)
 # and exports TSAN_OPTIONS (tests/tsan_env.sh) for a script run alone.
 
@@ -117,14 +119,17 @@ wait_line() { # file re pid [seconds]
     grep -q -- "$2" "$1" 2>/dev/null
 }
 
-identity_runs() { # SEED N NGEN
+identity_runs() { # SEED N NGEN [USAGE]
     IDS=$(/usr/bin/python3 -c "import random; r=random.Random($1); print(','.join(str(r.randrange(1280)) for _ in range($2)))")
     IDENTITY_NGEN=$3
+    IDENTITY_USAGE=${4:-off}
+    [ "$IDENTITY_USAGE" = default ] && IDENTITY_USAGE=""
     run() { # name args...
         local name=$1
         shift
         "$C" --model "$TINY" --ids "$IDS" --ngen "$IDENTITY_NGEN" --print-ids --threads 1 \
-            --usage off --all-logits "$T/$name.f32" "$@" >"$T/$name.out" 2>"$T/$name.err"
+            ${IDENTITY_USAGE:+--usage "$IDENTITY_USAGE"} --all-logits "$T/$name.f32" "$@" \
+            >"$T/$name.out" 2>"$T/$name.err"
         local rc=$?
         grep '^ids:' "$T/$name.out" >"$T/$name.ids"
         return $rc

@@ -18,18 +18,9 @@ need_bins "$C" "$W"
 make_tmp k3cli
 export K3_LOG=warn
 
-IDS=$(/usr/bin/python3 -c 'import random; r=random.Random(7); print(",".join(str(r.randrange(1280)) for _ in range(41)))')
-run() {  # name args...: logits in $T/name.f32, ids line in $T/name.ids
-    local name=$1; shift
-    "$C" --model "$TINY" --ids "$IDS" --ngen 6 --print-ids --threads 1 \
-        --all-logits "$T/$name.f32" "$@" >"$T/$name.out" 2>"$T/$name.err"
-    local rc=$?
-    grep '^ids:' "$T/$name.out" >"$T/$name.ids"
-    return $rc
-}
-same() {  # a b
-    cmp -s "$T/$1.f32" "$T/$2.f32" && cmp -s "$T/$1.ids" "$T/$2.ids" && [ -s "$T/$1.ids" ]
-}
+# IDS, run NAME ARGS..., same A B (tests/lib.sh); `default`: no --usage, so
+# the runs keep the default expert usage history as this script's always have
+identity_runs 7 41 6 default
 
 for num in "" "--exact"; do
     tag=${num:-default}

@@ -19,19 +19,7 @@ need_bins "$C" "$W"
 make_tmp split-test
 export K3_LOG=warn
 
-IDS=$(/usr/bin/python3 -c 'import random; r=random.Random(17); print(",".join(str(r.randrange(1280)) for _ in range(29)))')
-run() { # name args...: logits in $T/name.f32, ids line in $T/name.ids
-    local name=$1
-    shift
-    "$C" --model "$TINY" --ids "$IDS" --ngen 5 --print-ids --threads 1 --usage off \
-        --all-logits "$T/$name.f32" "$@" >"$T/$name.out" 2>"$T/$name.err"
-    local rc=$?
-    grep '^ids:' "$T/$name.out" >"$T/$name.ids"
-    return $rc
-}
-same() { # a b
-    cmp -s "$T/$1.f32" "$T/$2.f32" && cmp -s "$T/$1.ids" "$T/$2.ids" && [ -s "$T/$1.ids" ]
-}
+identity_runs 17 29 5 # IDS, run NAME ARGS..., same A B (tests/lib.sh)
 share() { # place.err drive: the drive's percentage of the expert bytes
     sed -n "s/^place: drive $2 .*GB, \([0-9.]*\)% of the expert bytes.*/\1/p" "$1"
 }
