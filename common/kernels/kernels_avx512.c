@@ -743,8 +743,11 @@ static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, 
  * leave each group's exact sum as 4 dword partials in its lane. The 16
  * rows' partials are folded (unpack + add, twice) and the 128-bit lanes
  * transposed, so group g's sums of the 16 rows are one vector; the float
- * part then runs per group in order, as in zk_tile. Per 64 bytes of a row:
- * 3 decode + 2 dot instructions, and 4 of reduction. */
+ * part then runs per group in order, as in zk_tile, with the 16 rows'
+ * group factors from one transpose of their scale bytes (or int4 floats)
+ * per 16 blocks (8 for int4). Per 64 bytes of a row: 3 decode + 2 dot
+ * instructions, 4 of reduction and one prefetch (docs/PERFORMANCE.md,
+ * "Wave 2, fifth session", for what each of these cost from RAM). */
 
 #define ZV_MAX_N 2 /* tokens per tile call; zv_rows runs n = 3 as 2 + 1 */
 
