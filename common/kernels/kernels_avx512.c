@@ -523,6 +523,35 @@ Z_INL void zk_decode_nib(int kind, const uint8_t *p, size_t ldp, __m512i D[8]) {
     }
 }
 
+/* The 16 x 16 transpose of dwords: a[i] = 16 dwords of row i -> c[k] =
+ * dword k of rows 0..15. */
+Z_INL void z_t16(const __m512 a_in[16], __m512 c[16]) {
+    __m512 a[16], b[16];
+    UNROLL for (int i = 0; i < 16; i++) a[i] = a_in[i];
+    UNROLL for (int i = 0; i < 8; i++) { /* row pairs */
+        b[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);
+        b[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);
+    }
+    UNROLL for (int q = 0; q < 4; q++) /* row quads */
+        UNROLL for (int k = 0; k < 2; k++) {
+        const __m512d x = _mm512_castps_pd(b[4 * q + k]), y = _mm512_castps_pd(b[4 * q + 2 + k]);
+        a[4 * q + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+        a[4 * q + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+    }
+    /* a[4q + m], lane l of each 128-bit block: row 4q + l, dword 4 * block + m */
+    UNROLL for (int m = 0; m < 4; m++) {
+        /* blocks of quads 0,1 | 2,3 interleaved, then the full 16 rows */
+        const __m512 lo01 = _mm512_shuffle_f32x4(a[m], a[4 + m], 0x88);
+        const __m512 hi01 = _mm512_shuffle_f32x4(a[m], a[4 + m], 0xDD);
+        const __m512 lo23 = _mm512_shuffle_f32x4(a[8 + m], a[12 + m], 0x88);
+        const __m512 hi23 = _mm512_shuffle_f32x4(a[8 + m], a[12 + m], 0xDD);
+        c[m] = _mm512_shuffle_f32x4(lo01, lo23, 0x88);
+        c[4 + m] = _mm512_shuffle_f32x4(hi01, hi23, 0x88);
+        c[8 + m] = _mm512_shuffle_f32x4(lo01, lo23, 0xDD);
+        c[12 + m] = _mm512_shuffle_f32x4(hi01, hi23, 0xDD);
+    }
+}
+
 /* eh[g][i] = the int4 scale of row i (row stride ld floats) for 32-column
  * groups g0..g0+gn-1 (g0 even): the group-64 scale h = g / 2 serves groups
  * 2h and 2h+1. Chunks of 16 scales per row through a 16x16 transpose. */
@@ -530,34 +559,12 @@ Z_INL void zi4_scales(const float *s4, size_t ld, int g0, int gn, float *eh) {
     const int h0 = g0 / 2;
     int h = 0;
     for (; 2 * (h + 16) <= gn; h += 16) { /* both groups of all 16 scales within gn */
-        __m512 a[16], b[16];
+        __m512 a[16], c[16];
         UNROLL for (int i = 0; i < 16; i++) a[i] = _mm512_loadu_ps(s4 + (size_t)i * ld + h0 + h);
-        UNROLL for (int i = 0; i < 8; i++) { /* row pairs */
-            b[2 * i] = _mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]);
-            b[2 * i + 1] = _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]);
-        }
-        UNROLL for (int q = 0; q < 4; q++) /* row quads */
-            UNROLL for (int k = 0; k < 2; k++) {
-            const __m512d x = _mm512_castps_pd(b[4 * q + k]),
-                          y = _mm512_castps_pd(b[4 * q + 2 + k]);
-            a[4 * q + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
-            a[4 * q + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
-        }
-        /* a[4q + m], lane l of each 128-bit block: row 4q + l, scale 4 * block + m */
-        UNROLL for (int m = 0; m < 4; m++) {
-            /* blocks of quads 0,1 | 2,3 interleaved, then the full 16 rows */
-            const __m512 lo01 = _mm512_shuffle_f32x4(a[m], a[4 + m], 0x88);
-            const __m512 hi01 = _mm512_shuffle_f32x4(a[m], a[4 + m], 0xDD);
-            const __m512 lo23 = _mm512_shuffle_f32x4(a[8 + m], a[12 + m], 0x88);
-            const __m512 hi23 = _mm512_shuffle_f32x4(a[8 + m], a[12 + m], 0xDD);
-            const __m512 c[4] = {
-                _mm512_shuffle_f32x4(lo01, lo23, 0x88), _mm512_shuffle_f32x4(hi01, hi23, 0x88),
-                _mm512_shuffle_f32x4(lo01, lo23, 0xDD), _mm512_shuffle_f32x4(hi01, hi23, 0xDD)};
-            UNROLL for (int k = 0; k < 4; k++) { /* c[k]: scale h + 4k + m of rows 0..15 */
-                const int hh = h + 4 * k + m;
-                _mm512_store_ps(eh + (2 * hh) * 16, c[k]);
-                _mm512_store_ps(eh + (2 * hh + 1) * 16, c[k]);
-            }
+        z_t16(a, c);
+        UNROLL for (int k = 0; k < 16; k++) { /* c[k]: scale h + k of rows 0..15 */
+            _mm512_store_ps(eh + (2 * (h + k)) * 16, c[k]);
+            _mm512_store_ps(eh + (2 * (h + k) + 1) * 16, c[k]);
         }
     }
     for (int g = 2 * h; g < gn; g++)
@@ -736,25 +743,13 @@ static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, 
  * leave each group's exact sum as 4 dword partials in its lane. The 16
  * rows' partials are folded (unpack + add, twice) and the 128-bit lanes
  * transposed, so group g's sums of the 16 rows are one vector; the float
- * part then runs per group in order, as in zk_tile. Per 64 bytes of a row:
- * 3 decode + 2 dot instructions, and 4 of reduction. */
+ * part then runs per group in order, as in zk_tile, with the 16 rows'
+ * group factors from one transpose of their scale bytes (or int4 floats)
+ * per 16 blocks (8 for int4). Per 64 bytes of a row: 3 decode + 2 dot
+ * instructions, 4 of reduction and one prefetch (docs/PERFORMANCE.md,
+ * "Wave 2, fifth session", for what each of these cost from RAM). */
 
 #define ZV_MAX_N 2 /* tokens per tile call; zv_rows runs n = 3 as 2 + 1 */
-
-/* 64 bytes of 4 rows (p, p + ld, p + 2 ld, p + ld3) and a prefetch of the
- * same bytes at pf (the next block). One asm block, so that the compiler
- * keeps one base and two strides instead of 32 addresses, which it spilled
- * (about 300 scalar instructions per block). The "m" operand names only the
- * first row's 64 bytes (naming all four brought the spills back); the
- * weights are read-only here, so no store can be moved across the asm. */
-Z_INL void zv_load4(const uint8_t *p, const uint8_t *pf, size_t ld, size_t ld3, __m512i w[4]) {
-    __asm__("prefetcht1 (%[f])\n\tprefetcht1 (%[f],%[l],1)\n\t"
-            "prefetcht1 (%[f],%[l],2)\n\tprefetcht1 (%[f],%[l3],1)\n\t"
-            "vmovdqu64 (%[p]), %[a]\n\tvmovdqu64 (%[p],%[l],1), %[b]\n\t"
-            "vmovdqu64 (%[p],%[l],2), %[c]\n\tvmovdqu64 (%[p],%[l3],1), %[d]"
-            : [a] "=v"(w[0]), [b] "=v"(w[1]), [c] "=v"(w[2]), [d] "=v"(w[3])
-            : [p] "r"(p), [f] "r"(pf), [l] "r"(ld), [l3] "r"(ld3), "m"(*(const char(*)[64])p));
-}
 
 /* 16 vectors of 4 groups x 4 dword partials (one vector per row) -> out[g]
  * = the 16 rows' sums of group g */
@@ -776,12 +771,43 @@ Z_INL void zv_fold(const __m512i s[16], __m512i out[4]) {
     out[3] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
 }
 
+/* The scales of rows r..r+15 from dword column c0 on, 16 columns, as
+ * ts[k] = column c0 + k of the 16 rows (one transpose per 16 columns, in
+ * place of zk_factors' per-group floats). A column is 4 bytes of a row's
+ * scales: MXFP4 the ue8m0 bytes of groups 4k..4k+3 (one block), int4 the
+ * float scale of group-64 k. Bytes past the row's end read as zero. */
+Z_INL void zv_scale_cols(int kind, const void *mat, int r, int c0, int32_t ts[16][16]) {
+    const k3_mxfp4 *mx = mat;
+    const k3_qmat *qm = mat;
+    const size_t ld = kind == K3_IK_MX ? (size_t)mx->cols / 32 : (size_t)qm->cols / 64 * 4;
+    const uint8_t *p = kind == K3_IK_MX ? mx->scale : (const uint8_t *)qm->scales;
+    p += (size_t)r * ld + (size_t)c0 * 4;
+    const size_t left = ld - (size_t)c0 * 4;
+    const __mmask64 km = left >= 64 ? ~0ull : (1ull << left) - 1;
+    __m512 a[16], c[16];
+    UNROLL for (int i = 0; i < 16; i++) a[i] =
+        _mm512_castsi512_ps(_mm512_maskz_loadu_epi8(km, p + (size_t)i * ld));
+    z_t16(a, c);
+    UNROLL for (int k = 0; k < 16; k++) _mm512_store_ps((float *)ts[k], c[k]);
+}
+
+/* MXFP4 group k (0..3) of a block's scale column d as floats 2^(s-127)
+ * (s = 0 -> +0, 255 -> +inf): byte k moved to bits 23..30. */
+Z_INL __m512 zv_e8m0(__m512i d, int k) {
+    const __m512i x = k == 0   ? _mm512_slli_epi32(d, 23)
+                      : k == 1 ? _mm512_slli_epi32(d, 15)
+                      : k == 2 ? _mm512_slli_epi32(d, 7)
+                               : _mm512_srli_epi32(d, 1);
+    return _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(0x7F800000)));
+}
+
 /* 16 rows from r x T tokens. Activations (zv_prep), per token and block of
  * 4 groups: qa [T][nb][128] s8 (evens of the 4 groups, then odds), cv
- * [T][nb][16] the start values; xs [T][ldxs] the group scales. y: [T][rows]
- * from row r. */
+ * [T][nb][16] the start values; xs [T][ldxs] the group scales, for MXFP4
+ * halved (0.5 sx: the factor 2^(s-127) * 0.5 * sx is then 2^(s-127) times
+ * it, the same product rounded once). y: [T][rows] from row r. */
 Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa, const int32_t *cv,
-                   const float *xs, int ldxs, float *eh, float *y, int T) {
+                   const float *xs, int ldxs, float *y, int T) {
     const k3_ik_view v = k3_ik_view_of(kind, mat);
     const int ng = v.cols / 32, nb = (ng + 3) / 4, nbf = ng / 4; /* blocks, full ones */
     const size_t ldp = v.ldp;
@@ -790,8 +816,8 @@ Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa,
                             ? mx_u_tab()
                             : _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
                                                                    11, 12, 13, 14, 15));
-    /* the next block's scale bytes, a share per iteration: zk_factors'
-     * reads would otherwise wait on memory once per call */
+    /* the next tile's scale bytes, a share per block: the transposes
+     * below would otherwise wait on memory once per tile */
     const k3_mxfp4 *mx = mat;
     const k3_qmat *qm = mat;
     const size_t sbytes = kind == K3_IK_MX ? (size_t)ng : (size_t)(ng / 2) * sizeof(float);
@@ -799,13 +825,15 @@ Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa,
                                ? mx->scale + (size_t)(r + 16) * sbytes
                                : (const uint8_t *)qm->scales + (size_t)(r + 16) * sbytes;
     const size_t slines = (16 * sbytes + 63) / 64, sper = (slines + nb - 1) / nb;
+    _Alignas(64) int32_t ts[16][16]; /* zv_scale_cols: 16 blocks (MX) or 8 (I4) */
     __m512 acc[ZV_MAX_N];
     UNROLL for (int j = 0; j < T; j++) acc[j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         for (size_t l = (size_t)b * sper; l < (size_t)(b + 1) * sper && l < slines; l++)
             _mm_prefetch((const char *)snext + l * 64, _MM_HINT_T0);
         const int gn = ng - 4 * b < 4 ? ng - 4 * b : 4;
-        if ((b & 15) == 0) zk_factors(kind, mat, r, 4 * b, ng - 4 * b < 64 ? ng - 4 * b : 64, eh);
+        if (kind == K3_IK_MX ? (b & 15) == 0 : (b & 7) == 0)
+            zv_scale_cols(kind, mat, r, kind == K3_IK_MX ? b : 2 * b, ts);
         const __mmask64 km = gn == 4 ? ~0ull : (1ull << (16 * gn)) - 1;
         __m512i qe[ZV_MAX_N], qo[ZV_MAX_N], c0[ZV_MAX_N], s[ZV_MAX_N][16];
         UNROLL for (int j = 0; j < T; j++) {
@@ -814,14 +842,20 @@ Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa,
             c0[j] = _mm512_load_si512(cv + ((size_t)j * nb + b) * 16);
         }
         __m512i w[16];
-        if (b < nbf) UNROLL for (int q = 0; q < 4; q++) {
-                const uint8_t *pq = wb + (size_t)(4 * q) * ldp + (size_t)b * 64;
-                zv_load4(pq, pq + 16 * ldp, ldp, 3 * ldp, w + 4 * q);
-            }
+        if (b < nbf)
+            UNROLL for (int i = 0; i < 16; i++) w[i] =
+                _mm512_loadu_si512(wb + (size_t)i * ldp + (size_t)b * 64);
         else
             UNROLL for (int i = 0; i < 16; i++) w[i] =
                 _mm512_maskz_loadu_epi8(km, wb + (size_t)i * ldp + (size_t)b * 64);
         UNROLL for (int i = 0; i < 16; i++) {
+            /* the next tile's same 64 bytes of row i, one prefetch beside
+             * each row's decode: 16 in a burst with the loads at the
+             * block's start kept fewer lines in flight (from RAM, 2
+             * threads: MXFP4 0.73 -> 0.82-0.87 of STREAM, docs/PERFORMANCE.md) */
+            if (b < nbf)
+                _mm_prefetch((const char *)wb + (size_t)(16 + i) * ldp + (size_t)b * 64,
+                             _MM_HINT_T1);
             __m512i lo, hi;
             dec_u8(kind, vbmi, w[i], tab, &lo, &hi);
             UNROLL for (int j = 0; j < T; j++) s[j][i] =
@@ -830,9 +864,12 @@ Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa,
         UNROLL for (int j = 0; j < T; j++) {
             __m512i out[4];
             zv_fold(s[j], out);
+            const __m512i d = _mm512_load_si512(ts[b & 15]); /* MX: the block's 4 groups */
             UNROLL for (int g = 0; g < 4; g++) {
                 if (g >= gn) break;
-                const __m512 e = _mm512_load_ps(eh + ((4 * b + g) & 63) * 16);
+                const __m512 e = kind == K3_IK_MX
+                                     ? zv_e8m0(d, g)
+                                     : _mm512_load_ps((const float *)ts[(2 * b + g / 2) & 15]);
                 const __m512 f = _mm512_mul_ps(e, _mm512_set1_ps(xs[(size_t)j * ldxs + 4 * b + g]));
                 acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(_mm512_cvtepi32_ps(out[g]), f));
             }
@@ -842,11 +879,11 @@ Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa,
 }
 
 typedef void (*zv_fn)(const void *, int, const int8_t *, const int32_t *, const float *, int,
-                      float *, float *);
+                      float *);
 #define ZV_TILE_FN(NAME, KIND, VBMI, T)                                                            \
     static Z_FN void NAME##_##T(const void *mat, int r, const int8_t *qa, const int32_t *cv,       \
-                                const float *xs, int ldxs, float *eh, float *y) {                  \
-        zv_tile(KIND, VBMI, mat, r, qa, cv, xs, ldxs, eh, y, T);                                   \
+                                const float *xs, int ldxs, float *y) {                             \
+        zv_tile(KIND, VBMI, mat, r, qa, cv, xs, ldxs, y, T);                                       \
     }
 #define ZV_TILE_FNS(NAME, KIND, VBMI)                                                              \
     ZV_TILE_FN(NAME, KIND, VBMI, 1) ZV_TILE_FN(NAME, KIND, VBMI, 2)
@@ -892,21 +929,24 @@ static int zv_rows(int kind, const void *mat, const int8_t *xq, const float *xs,
     const int ng = v.cols / 32, nb = (ng + 3) / 4;
     const int r16 = r0 + (r1 - r0) / 16 * 16;
     if (r16 == r0) return r16;
-    const size_t per_tok = (size_t)nb * (128 + 16 * sizeof(int32_t));
+    /* per token: qa, cv, and the group scales as the tile reads them */
+    const size_t per_tok = (size_t)nb * (128 + 16 * sizeof(int32_t)) + (size_t)ng * sizeof(float);
     const int tch = k3_kern_chunk(n, per_tok);
     int8_t *qa = k3_kern_scratch((size_t)tch * per_tok);
-    _Alignas(64) float eh[64 * 16];
     const int vbmi = k3_kern_vbmi;
     for (int t0 = 0; t0 < n; t0 += tch) {
         const int tn = n - t0 < tch ? n - t0 : tch;
         int32_t *cv = (int32_t *)(qa + (size_t)tn * nb * 128);
+        float *xt = (float *)(cv + (size_t)tn * nb * 16); /* [tn][ng] */
         zv_prep(xq + (size_t)t0 * v.cols, tn, v.cols, zk_bias[kind], qa, cv);
+        for (size_t i = 0; i < (size_t)tn * ng; i++) /* MXFP4: 0.5 sx, exact (zv_tile) */
+            xt[i] = kind == K3_IK_MX ? 0.5f * xs[(size_t)t0 * ng + i] : xs[(size_t)t0 * ng + i];
         for (int r = r0; r < r16; r += 16)
             for (int t = 0; t < tn; t += ZV_MAX_N) {
                 const int tt = tn - t < ZV_MAX_N ? tn - t : ZV_MAX_N;
                 zv_fns[kind][vbmi][tt - 1](mat, r, qa + (size_t)t * nb * 128,
-                                           cv + (size_t)t * nb * 16, xs + (size_t)(t0 + t) * ng, ng,
-                                           eh, y + (size_t)(t0 + t) * v.rows + r);
+                                           cv + (size_t)t * nb * 16, xt + (size_t)t * ng, ng,
+                                           y + (size_t)(t0 + t) * v.rows + r);
             }
     }
     return r16;
