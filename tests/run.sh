@@ -21,6 +21,13 @@ BUILD=${BUILD:-build}
 export BUILD TINY=${TINY:-$BUILD/fixtures/tiny}
 LOGS=$BUILD/test-logs
 mkdir -p "$LOGS"
+# k3shard's default cache (expert usage history, plan's compute measurement)
+# goes to this run's own directory, never the user's ~/.cache (common/base/
+# cache_dir.h); a script that tests the XDG_CACHE_HOME path unsets it
+rm -rf "$LOGS/cache"
+mkdir -p "$LOGS/cache"
+K3_CACHE_DIR=$(cd "$LOGS/cache" && pwd)
+export K3_CACHE_DIR
 PER_TEST_TIMEOUT=${PER_TEST_TIMEOUT:-900}
 pass=0 fail=0 skip=0
 failed_names=()

@@ -17,6 +17,8 @@ set -u
 need_bins "$C" "$W"
 make_tmp k3cli
 export K3_LOG=warn
+# the default usage history goes to the run's own cache, not the user's
+export K3_CACHE_DIR="$T/cache"
 
 # IDS, run NAME ARGS..., same A B (tests/lib.sh); `default`: no --usage, so
 # the runs keep the default expert usage history as this script's always have

@@ -19,6 +19,7 @@ unset K3_USAGE K3_USAGE_SAVE COLI_USAGE USAGE_SAVE
 cp -r "$TINY" "$T/model"
 rm -f "$T"/model/.k3_usage*
 export XDG_CACHE_HOME="$T/cache"
+unset K3_CACHE_DIR # it would win over XDG_CACHE_HOME (tests/run.sh sets one per run)
 IDS=5,7,9,11,300,42,17,901
 run() {  # name args...: logits in $T/name.f32, ids line in $T/name.ids
     local name=$1; shift

@@ -24,6 +24,7 @@ export K3_LOG=info
 unset K3_VK K3_VK_GB COLI_VULKAN COLI_VK_TIER_GB K3_VK_DEVICE K3_USAGE COLI_USAGE
 unset K3_TEST_VK_FAIL_UPLOAD K3_TEST_VK_FAIL_APPLY K3_VK_FMA
 export XDG_CACHE_HOME="$T/cache"
+unset K3_CACHE_DIR # it would win over XDG_CACHE_HOME (tests/run.sh sets one per run)
 
 if ! "$C" --help | grep -q -- "--vk-gb"; then
     bad "--help lists --vk, --vk-device, --vk-gb"

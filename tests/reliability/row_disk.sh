@@ -126,7 +126,7 @@ n=0 ok_n=0 err_n=0 rss=0
 # 1. the usage history at the end of a run, on a full file system
 mkdir -p "$T/full/cache"
 export XDG_CACHE_HOME=$T/full/cache
-unset K3_USAGE
+unset K3_USAGE K3_CACHE_DIR # K3_CACHE_DIR (tests/run.sh sets one) would win over XDG_CACHE_HOME
 timeout 120 "$C" --model "$TINY" --ids "$IDS" --ngen 8 --threads 1 --print-ids --local 0 \
     >"$T/u0.out" 2>"$T/u0.err" || bad "usage history: first run: $(tail -1 "$T/u0.err")"
 hist=$(find "$T/full/cache" -name usage -type f | head -1)
