@@ -771,17 +771,14 @@ Z_INL void zv_fold(const __m512i s[16], __m512i out[4]) {
     out[3] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
 }
 
-/* The scales of rows r..r+15 from dword column c0 on, 16 columns, as
- * ts[k] = column c0 + k of the 16 rows (one transpose per 16 columns, in
- * place of zk_factors' per-group floats). A column is 4 bytes of a row's
- * scales: MXFP4 the ue8m0 bytes of groups 4k..4k+3 (one block), int4 the
- * float scale of group-64 k. Bytes past the row's end read as zero. */
-Z_INL void zv_scale_cols(int kind, const void *mat, int r, int c0, int32_t ts[16][16]) {
-    const k3_mxfp4 *mx = mat;
-    const k3_qmat *qm = mat;
-    const size_t ld = kind == K3_IK_MX ? (size_t)mx->cols / 32 : (size_t)qm->cols / 64 * 4;
-    const uint8_t *p = kind == K3_IK_MX ? mx->scale : (const uint8_t *)qm->scales;
-    p += (size_t)r * ld + (size_t)c0 * 4;
+/* The scales of 16 rows (sb: the first row's, ld bytes per row) from dword
+ * column c0 on, 16 columns, as ts[k] = column c0 + k of the 16 rows (one
+ * transpose per 16 columns, in place of zk_factors' per-group floats). A
+ * column is 4 bytes of a row's scales: MXFP4 the ue8m0 bytes of groups
+ * 4k..4k+3 (one block), int4 the float scale of group-64 k. Bytes past the
+ * row's end read as zero. */
+Z_INL void zv_scale_cols(const uint8_t *sb, size_t ld, int c0, int32_t ts[16][16]) {
+    const uint8_t *p = sb + (size_t)c0 * 4;
     const size_t left = ld - (size_t)c0 * 4;
     const __mmask64 km = left >= 64 ? ~0ull : (1ull << left) - 1;
     __m512 a[16], c[16];
@@ -821,9 +818,9 @@ Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa,
     const k3_mxfp4 *mx = mat;
     const k3_qmat *qm = mat;
     const size_t sbytes = kind == K3_IK_MX ? (size_t)ng : (size_t)(ng / 2) * sizeof(float);
-    const uint8_t *snext = kind == K3_IK_MX
-                               ? mx->scale + (size_t)(r + 16) * sbytes
-                               : (const uint8_t *)qm->scales + (size_t)(r + 16) * sbytes;
+    const uint8_t *sb = (kind == K3_IK_MX ? mx->scale : (const uint8_t *)qm->scales) +
+                        (size_t)r * sbytes; /* this tile's scales */
+    const uint8_t *snext = sb + 16 * sbytes;
     const size_t slines = (16 * sbytes + 63) / 64, sper = (slines + nb - 1) / nb;
     _Alignas(64) int32_t ts[16][16]; /* zv_scale_cols: 16 blocks (MX) or 8 (I4) */
     __m512 acc[ZV_MAX_N];
@@ -833,7 +830,7 @@ Z_INL void zv_tile(int kind, int vbmi, const void *mat, int r, const int8_t *qa,
             _mm_prefetch((const char *)snext + l * 64, _MM_HINT_T0);
         const int gn = ng - 4 * b < 4 ? ng - 4 * b : 4;
         if (kind == K3_IK_MX ? (b & 15) == 0 : (b & 7) == 0)
-            zv_scale_cols(kind, mat, r, kind == K3_IK_MX ? b : 2 * b, ts);
+            zv_scale_cols(sb, sbytes, kind == K3_IK_MX ? b : 2 * b, ts);
         const __mmask64 km = gn == 4 ? ~0ull : (1ull << (16 * gn)) - 1;
         __m512i qe[ZV_MAX_N], qo[ZV_MAX_N], c0[ZV_MAX_N], s[ZV_MAX_N][16];
         UNROLL for (int j = 0; j < T; j++) {
@@ -929,18 +926,22 @@ static int zv_rows(int kind, const void *mat, const int8_t *xq, const float *xs,
     const int ng = v.cols / 32, nb = (ng + 3) / 4;
     const int r16 = r0 + (r1 - r0) / 16 * 16;
     if (r16 == r0) return r16;
-    /* per token: qa, cv, and the group scales as the tile reads them */
-    const size_t per_tok = (size_t)nb * (128 + 16 * sizeof(int32_t)) + (size_t)ng * sizeof(float);
+    /* per token: qa, cv, and for MXFP4 the halved group scales the tile reads */
+    const size_t per_tok = (size_t)nb * (128 + 16 * sizeof(int32_t)) +
+                           (kind == K3_IK_MX ? (size_t)ng * sizeof(float) : 0);
     const int tch = k3_kern_chunk(n, per_tok);
     int8_t *qa = k3_kern_scratch((size_t)tch * per_tok);
     const int vbmi = k3_kern_vbmi;
     for (int t0 = 0; t0 < n; t0 += tch) {
         const int tn = n - t0 < tch ? n - t0 : tch;
         int32_t *cv = (int32_t *)(qa + (size_t)tn * nb * 128);
-        float *xt = (float *)(cv + (size_t)tn * nb * 16); /* [tn][ng] */
+        const float *xt = xs + (size_t)t0 * ng; /* [tn][ng], as zv_tile reads them */
         zv_prep(xq + (size_t)t0 * v.cols, tn, v.cols, zk_bias[kind], qa, cv);
-        for (size_t i = 0; i < (size_t)tn * ng; i++) /* MXFP4: 0.5 sx, exact (zv_tile) */
-            xt[i] = kind == K3_IK_MX ? 0.5f * xs[(size_t)t0 * ng + i] : xs[(size_t)t0 * ng + i];
+        if (kind == K3_IK_MX) { /* 0.5 sx, exact (zv_tile) */
+            float *xh = (float *)(cv + (size_t)tn * nb * 16);
+            for (size_t i = 0; i < (size_t)tn * ng; i++) xh[i] = 0.5f * xt[i];
+            xt = xh;
+        }
         for (int r = r0; r < r16; r += 16)
             for (int t = 0; t < tn; t += ZV_MAX_N) {
                 const int tt = tn - t < ZV_MAX_N ? tn - t : ZV_MAX_N;
