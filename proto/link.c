@@ -642,3 +642,65 @@ void k3_link_numerics(int bits, int mla_bits, int head_bits, int idot, int dense
     out->isa = (uint32_t)k3_isa_active();
     out->exact = exact != 0;
 }
+
+/* ---- closing after the peer ------------------------------------------- */
+
+static void drain(void *sock) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    while (zmq_msg_recv(&m, sock, ZMQ_DONTWAIT) >= 0) {
+    }
+    zmq_msg_close(&m);
+}
+
+/* One monitor's waiting events; 1 if one of them is DISCONNECTED. An event
+ * is two frames: [u16 event, u32 value], then the endpoint. */
+static int saw_disconnect(void *mon) {
+    int seen = 0;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    while (zmq_msg_recv(&m, mon, ZMQ_DONTWAIT) >= 0) {
+        uint16_t ev = 0;
+        if (zmq_msg_size(&m) >= 2) memcpy(&ev, zmq_msg_data(&m), 2);
+        if (ev == ZMQ_EVENT_DISCONNECTED) seen = 1;
+        while (zmq_msg_more(&m) && zmq_msg_recv(&m, mon, 0) >= 0) {
+        }
+    }
+    zmq_msg_close(&m);
+    return seen;
+}
+
+int k3_link_await_peer_close(void *const *socks, void *const *mons, int n, int wait_ms) {
+    if (n <= 0) return 0;
+    zmq_pollitem_t *items = k3_xcalloc((size_t)n * 2, sizeof *items);
+    int *who = k3_xcalloc((size_t)n * 2, sizeof *who);
+    char *closed = k3_xcalloc((size_t)n, 1);
+    int n_closed = 0;
+    const double until = k3_now_ms() + wait_ms;
+    for (;;) {
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            if (!socks[i] || !mons[i] || closed[i]) continue;
+            items[k] = (zmq_pollitem_t){socks[i], 0, ZMQ_POLLIN, 0};
+            who[k++] = i;
+            items[k] = (zmq_pollitem_t){mons[i], 0, ZMQ_POLLIN, 0};
+            who[k++] = n + i;
+        }
+        const double left = until - k3_now_ms();
+        if (k == 0 || left <= 0) break;
+        if (zmq_poll(items, k, (long)left + 1) < 0 && zmq_errno() != EINTR) break;
+        for (int j = 0; j < k; j++) {
+            if (!(items[j].revents & ZMQ_POLLIN)) continue;
+            if (who[j] < n)
+                drain(socks[who[j]]);
+            else if (saw_disconnect(mons[who[j] - n]))
+                closed[who[j] - n] = 1, n_closed++;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        if (socks[i]) drain(socks[i]);
+    free(items);
+    free(who);
+    free(closed);
+    return n_closed;
+}

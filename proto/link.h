@@ -31,6 +31,18 @@
 #include "common/base/opts.h"
 #include "proto/proto.h"
 
+/* Closing after the peer (docs/TESTING.md, "The libzmq shutdown
+ * assertion"): a message that reaches a socket already closing, followed by
+ * the peer's own close, can abort libzmq 4.3.4 (stream_engine_base.cpp:331
+ * "!_io_error"). So the side that asked its peer to stop keeps its sockets
+ * open and reads them until each peer has closed, then closes.
+ * Reads and drops every message on socks[i] until mons[i] (a PAIR socket
+ * connected to socks[i]'s monitor, which reports at least
+ * ZMQ_EVENT_DISCONNECTED) shows the peer's close, for every i with both
+ * non-NULL, or wait_ms pass. Returns how many peers closed in time. Closes
+ * nothing; the caller's thread must own the sockets. */
+int k3_link_await_peer_close(void *const *socks, void *const *mons, int n, int wait_ms);
+
 /* Build identity sent in HELLO / HELLO_OK: this prefix, then the source
  * revision the Makefile passes as K3_BUILD_REV (`git describe --always
  * --dirty`), e.g. "k3shard proto 1.3 rev 3f2a9c1". Both sides refuse a peer

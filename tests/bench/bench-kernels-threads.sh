@@ -6,11 +6,13 @@
 # with 256 MB STREAM passes. About a minute on a quiet 2-vCPU VM. Columns:
 # GB/s of the kernel, GB/s of STREAM (same thread count, same process),
 # ratio = kernel / neighbouring STREAM passes (median, min, max over rounds),
-# pat = the kernels' read pattern alone against the same STREAM passes, seq =
-# the same bytes as one sequential stream per task (a tile-major layout's
-# pattern), hot = the kernel on 4 MB per thread (no RAM) against the same
-# STREAM passes.
-# Extra arguments go to the program (e.g. --thp, --gap 200, int8 int4).
+# pat = the kernels' read pattern alone against the same STREAM passes, pts =
+# that walk with the next tile prefetched in address order, seq = the same
+# bytes as one sequential stream per task (a tile-major layout's pattern),
+# hot = the kernel on 4 MB per thread (no RAM) against the same STREAM
+# passes.
+# Extra arguments go to the program (e.g. --gap 200, int8 int4; --thp made
+# this VM's memory read at 1 GB/s for minutes, docs/PERFORMANCE.md).
 set -euo pipefail
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/../.."

@@ -32,9 +32,12 @@
  *   --pattern also time, paired the same way, a read-only pass over the
  *             copies in the kernel's own row-task split (threads, tasks,
  *             16-row tiles, the next tile prefetched), to separate the
- *             access pattern from the kernel's compute; column "seq" is
- *             the same bytes read as one sequential stream per task (8 KB
- *             software prefetch), the pattern of a tile-major layout
+ *             access pattern from the kernel's compute; column "pts" is
+ *             the same walk with the next tile prefetched in address
+ *             order (one sequential stream from RAM, the loads still in
+ *             16-row order), column "seq" the same bytes read as one
+ *             sequential stream per task (8 KB software prefetch), the
+ *             pattern of a tile-major layout
  *   --hot     also time the kernel on ONE copy, called as often as there
  *             are copies (in L3 after the first call: the kernel's compute
  *             rate without RAM), against the same STREAM passes: column
@@ -76,6 +79,30 @@ __attribute__((target("avx2"))) static void pat_task(void *ctx, int task) {
             for (int i = 0; i < 16; i++) {
                 const uint8_t *p = t + (size_t)i * j->ldp + c;
                 _mm_prefetch((const char *)(p + 16 * j->ldp), _MM_HINT_T1);
+                a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)p));
+                a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + 32)));
+            }
+    }
+    j->sink[(task % MAX_LIST) * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
+}
+
+/* pat_task's walk with the next tile prefetched in address order: step s of
+ * the tile (row i of 64-byte column block c, s = c/64 * 16 + i) prefetches
+ * line s of the next tile, which is contiguous (16 rows of ldp bytes), so
+ * the lines from RAM come as one sequential stream while the loads keep the
+ * 16-row order. */
+__attribute__((target("avx2"))) static void pts_task(void *ctx, int task) {
+    pat_job *j = ctx;
+    const int r0 = task * j->per_task;
+    const int r1 = r0 + j->per_task < j->rows ? r0 + j->per_task : j->rows;
+    __m256i a = _mm256_setzero_si256();
+    for (int r = r0; r + 16 <= r1; r += 16) {
+        const uint8_t *t = j->w + (size_t)r * j->ldp;
+        const uint8_t *nx = t + 16 * j->ldp;
+        for (size_t c = 0; c < j->ldp; c += 64)
+            for (int i = 0; i < 16; i++) {
+                const uint8_t *p = t + (size_t)i * j->ldp + c;
+                _mm_prefetch((const char *)(nx + c * 16 + (size_t)i * 64), _MM_HINT_T1);
                 a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)p));
                 a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + 32)));
             }
@@ -257,7 +284,7 @@ int main(int argc, char **argv) {
 
     printf("\n%-6s %-11s %3s %2s %8s %8s %6s %6s %6s", "format", "shape", "thr", "n", "GB/s",
            "STREAM", "ratio", "min", "max");
-    printf(pattern ? " %6s %6s" : "", "pat", "seq");
+    printf(pattern ? " %6s %6s %6s" : "", "pat", "pts", "seq");
     printf(hot ? " %6s" : "", "hot");
     printf(thp ? " %6s" : "", "thp");
     printf(gap_us ? " %6s\n" : "\n", "gap");
@@ -298,7 +325,7 @@ int main(int argc, char **argv) {
             for (int ni = 0; ni < nns; ni++) {
                 const int n = ns[ni];
                 double r[ROUNDS_MAX], kg[ROUNDS_MAX], sg[ROUNDS_MAX + 1], pr[ROUNDS_MAX],
-                    qr[ROUNDS_MAX], hg[ROUNDS_MAX], gg[ROUNDS_MAX], og[ROUNDS_MAX];
+                    qr[ROUNDS_MAX], tr[ROUNDS_MAX], hg[ROUNDS_MAX], gg[ROUNDS_MAX], og[ROUNDS_MAX];
                 /* --hot: the first rows of copy 0, 4 MB per thread (in this
                  * VM's L2 + L3: 1 MB + a share of 32 MB, the L3 shared with
                  * other guests), called until the bytes equal a kernel
@@ -348,6 +375,7 @@ int main(int argc, char **argv) {
                         const int tasks = T == 1 ? 1 : 2 * T;
                         const int per = ((rows + 15) / 16 + tasks - 1) / tasks * 16;
                         pr[p] = pattern_gbps(pool, pat_task, &fc, kind, ldp, rows, per);
+                        tr[p] = pattern_gbps(pool, pts_task, &fc, kind, ldp, rows, per);
                         qr[p] = pattern_gbps(pool, seq_task, &fc, kind, ldp, rows, per);
                     }
                     if (hot) {
@@ -357,12 +385,13 @@ int main(int argc, char **argv) {
                         og[p] = (double)hbytes * hcalls / (k3_now_s() - t0) / 1e9;
                     }
                 }
-                double sgc[ROUNDS_MAX + 1], prr[ROUNDS_MAX], qrr[ROUNDS_MAX], hr[ROUNDS_MAX],
-                    gr[ROUNDS_MAX], orr[ROUNDS_MAX];
+                double sgc[ROUNDS_MAX + 1], prr[ROUNDS_MAX], qrr[ROUNDS_MAX], trr[ROUNDS_MAX],
+                    hr[ROUNDS_MAX], gr[ROUNDS_MAX], orr[ROUNDS_MAX];
                 for (int p = 0; p < rounds; p++) {
                     r[p] = kg[p] / ((sg[p] + sg[p + 1]) / 2);
                     prr[p] = pattern ? pr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     qrr[p] = pattern ? qr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
+                    trr[p] = pattern ? tr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     orr[p] = hot ? og[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     hr[p] = fc.mh ? hg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     gr[p] = gap_us ? gg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
@@ -372,7 +401,9 @@ int main(int argc, char **argv) {
                 const double rmed = median(r, rounds);
                 printf("%-6s %-11s %3d %2d %8.1f %8.1f %6.2f %6.2f %6.2f", fc.name, shape, T, n,
                        kmed, smed, rmed, r[0], r[rounds - 1]);
-                if (pattern) printf(" %6.2f %6.2f", median(prr, rounds), median(qrr, rounds));
+                if (pattern)
+                    printf(" %6.2f %6.2f %6.2f", median(prr, rounds), median(trr, rounds),
+                           median(qrr, rounds));
                 if (hot) printf(" %6.2f", median(orr, rounds));
                 if (fc.mh) printf(" %6.2f", median(hr, rounds));
                 if (gap_us) printf(" %6.2f", median(gr, rounds));

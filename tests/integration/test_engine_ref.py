@@ -63,9 +63,11 @@ def note(msg):
 
 def clean_env(extra=None):
     """The environment without any K3_* / COLI_* setting of the caller, so a
-    stray K3_BITS cannot change what a mode means."""
+    stray K3_BITS cannot change what a mode means. K3_CACHE_DIR stays: it
+    says where, not how (tests/run.sh points it at the run's own folder, so
+    no usage history lands in the user's ~/.cache)."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("K3_") and not k.startswith("COLI_")}
+           if k == "K3_CACHE_DIR" or not (k.startswith("K3_") or k.startswith("COLI_"))}
     env["K3_LOG"] = "warn"  # keep logs short; errors still print
     env.update(extra or {})
     return env
