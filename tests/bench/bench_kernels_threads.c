@@ -68,31 +68,13 @@ typedef struct {
     uint64_t sink[MAX_LIST * 8];
 } pat_job;
 
-__attribute__((target("avx2"))) static void pat_task(void *ctx, int task) {
-    pat_job *j = ctx;
-    const int r0 = task * j->per_task;
-    const int r1 = r0 + j->per_task < j->rows ? r0 + j->per_task : j->rows;
-    __m256i a = _mm256_setzero_si256();
-    for (int r = r0; r + 16 <= r1; r += 16) {
-        const uint8_t *t = j->w + (size_t)r * j->ldp;
-        for (size_t c = 0; c < j->ldp; c += 64)
-            for (int i = 0; i < 16; i++) {
-                const uint8_t *p = t + (size_t)i * j->ldp + c;
-                _mm_prefetch((const char *)(p + 16 * j->ldp), _MM_HINT_T1);
-                a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)p));
-                a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + 32)));
-            }
-    }
-    j->sink[(task % MAX_LIST) * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
-}
-
-/* pat_task's walk with the next tile prefetched in address order: step s of
- * the tile (row i of 64-byte column block c, s = c/64 * 16 + i) prefetches
- * line s of the next tile, which is contiguous (16 rows of ldp bytes), so
- * the lines from RAM come as one sequential stream while the loads keep the
- * 16-row order. */
-__attribute__((target("avx2"))) static void pts_task(void *ctx, int task) {
-    pat_job *j = ctx;
+/* The walk; the prefetch of step s (row i of 64-byte column block c, s =
+ * c/64 * 16 + i) goes to the next tile's same line (pat_task), or to line s
+ * of the next tile, which is contiguous (16 rows of ldp bytes), so that the
+ * lines from RAM come as one sequential stream while the loads keep the
+ * 16-row order (pts_task). */
+__attribute__((target("avx2"), always_inline)) static inline void walk(pat_job *j, int task,
+                                                                       int in_order) {
     const int r0 = task * j->per_task;
     const int r1 = r0 + j->per_task < j->rows ? r0 + j->per_task : j->rows;
     __m256i a = _mm256_setzero_si256();
@@ -102,13 +84,18 @@ __attribute__((target("avx2"))) static void pts_task(void *ctx, int task) {
         for (size_t c = 0; c < j->ldp; c += 64)
             for (int i = 0; i < 16; i++) {
                 const uint8_t *p = t + (size_t)i * j->ldp + c;
-                _mm_prefetch((const char *)(nx + c * 16 + (size_t)i * 64), _MM_HINT_T1);
+                _mm_prefetch(
+                    (const char *)(in_order ? nx + c * 16 + (size_t)i * 64 : p + 16 * j->ldp),
+                    _MM_HINT_T1);
                 a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)p));
                 a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i *)(p + 32)));
             }
     }
     j->sink[(task % MAX_LIST) * 8] = (uint64_t)_mm256_extract_epi64(a, 0);
 }
+
+__attribute__((target("avx2"))) static void pat_task(void *ctx, int task) { walk(ctx, task, 0); }
+__attribute__((target("avx2"))) static void pts_task(void *ctx, int task) { walk(ctx, task, 1); }
 
 /* The same bytes as pat_task's, read as one sequential stream per task with
  * the line 8 KB ahead prefetched (prefetcht1): the pattern a tile-major
