@@ -570,21 +570,8 @@ static void io_reap_local(k3_cluster *c);
 /* Socket monitor events: the fast path for a dead peer. */
 static void link_events(k3_cluster *c, cl_stage *s) {
     while (s->mon) {
-        zmq_msg_t m1, m2;
-        zmq_msg_init(&m1);
-        if (zmq_msg_recv(&m1, s->mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m1);
-            return;
-        }
-        uint16_t ev = 0;
-        if (zmq_msg_size(&m1) >= 2) memcpy(&ev, zmq_msg_data(&m1), 2);
-        int more = zmq_msg_more(&m1);
-        zmq_msg_close(&m1);
-        if (more) {
-            zmq_msg_init(&m2);
-            zmq_msg_recv(&m2, s->mon, 0);
-            zmq_msg_close(&m2);
-        }
+        const int ev = k3_link_monitor_event(s->mon);
+        if (ev < 0) return;
         char why[256];
         switch (ev) {
         case ZMQ_EVENT_DISCONNECTED:
@@ -920,14 +907,16 @@ static void io_shutdown(k3_cluster *c) {
         else
             ctl_finish(c, x, K3_ERR_CANCEL, "cluster: closing");
     }
-    int *sent = k3_xcalloc((size_t)c->n, sizeof *sent);
+    /* the sockets told SHUTDOWN, and their monitors; NULL for the others */
+    void **socks = k3_xcalloc((size_t)c->n, sizeof *socks);
+    void **mons = k3_xcalloc((size_t)c->n, sizeof *mons);
     for (int i = 0; i < c->n; i++) {
         cl_stage *s = &c->st[i];
         if (s->pid && s->state == LINK_READY) {
             proto_msg m;
             proto_msg_init(&m, PROTO_MSG_SHUTDOWN, ++c->next_id, s->epoch);
             send_control(c, s, &m);
-            sent[i] = 1;
+            socks[i] = s->sock, mons[i] = s->mon;
         }
         while (s->pending) {
             cl_req *r = s->pending;
@@ -941,22 +930,16 @@ static void io_shutdown(k3_cluster *c) {
      * OK, or a HEARTBEAT sent before they read the SHUTDOWN, must not reach
      * a socket already closing. c->mu stays held: nothing may start on a
      * closing cluster. */
-    void **socks = k3_xcalloc((size_t)c->n, sizeof *socks);
-    void **mons = k3_xcalloc((size_t)c->n, sizeof *mons);
-    for (int i = 0; i < c->n; i++)
-        if (sent[i]) socks[i] = c->st[i].sock, mons[i] = c->st[i].mon;
     k3_link_await_peer_close(socks, mons, c->n, CL_CLOSE_WAIT_MS);
+    for (int i = 0; i < c->n; i++) {
+        if (socks[i]) {
+            int linger = 200; /* a worker that did not close in time still gets it */
+            zmq_setsockopt(socks[i], ZMQ_LINGER, &linger, sizeof linger);
+        }
+        link_close(&c->st[i]);
+    }
     free(socks);
     free(mons);
-    for (int i = 0; i < c->n; i++) {
-        cl_stage *s = &c->st[i];
-        if (sent[i] && s->sock) {
-            int linger = 200; /* a worker that did not close in time still gets it */
-            zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
-        }
-        link_close(s);
-    }
-    free(sent);
 }
 
 static void *io_main(void *arg) {

@@ -74,22 +74,8 @@ static void ep_host(const char *ep, char *out, size_t cap) {
 static const char *handshake_failure(void *mon) {
     const char *why = NULL;
     for (;;) {
-        zmq_msg_t m1;
-        zmq_msg_init(&m1);
-        if (zmq_msg_recv(&m1, mon, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&m1);
-            return why;
-        }
-        uint16_t ev = 0;
-        if (zmq_msg_size(&m1) >= 2) memcpy(&ev, zmq_msg_data(&m1), 2);
-        int more = zmq_msg_more(&m1);
-        zmq_msg_close(&m1);
-        if (more) {
-            zmq_msg_t m2;
-            zmq_msg_init(&m2);
-            zmq_msg_recv(&m2, mon, 0);
-            zmq_msg_close(&m2);
-        }
+        const int ev = k3_link_monitor_event(mon);
+        if (ev < 0) return why;
         if (why) continue;
         if (ev == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
             why = "refused: cannot authenticate: the worker refused this coordinator's CURVE key "

@@ -653,20 +653,26 @@ static void drain(void *sock) {
     zmq_msg_close(&m);
 }
 
-/* One monitor's waiting events; 1 if one of them is DISCONNECTED. An event
- * is two frames: [u16 event, u32 value], then the endpoint. */
-static int saw_disconnect(void *mon) {
-    int seen = 0;
+int k3_link_monitor_event(void *mon) {
     zmq_msg_t m;
     zmq_msg_init(&m);
-    while (zmq_msg_recv(&m, mon, ZMQ_DONTWAIT) >= 0) {
-        uint16_t ev = 0;
-        if (zmq_msg_size(&m) >= 2) memcpy(&ev, zmq_msg_data(&m), 2);
-        if (ev == ZMQ_EVENT_DISCONNECTED) seen = 1;
-        while (zmq_msg_more(&m) && zmq_msg_recv(&m, mon, 0) >= 0) {
-        }
+    if (zmq_msg_recv(&m, mon, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return -1;
+    }
+    uint16_t ev = 0;
+    if (zmq_msg_size(&m) >= 2) memcpy(&ev, zmq_msg_data(&m), 2);
+    while (zmq_msg_more(&m) && zmq_msg_recv(&m, mon, 0) >= 0) {
     }
     zmq_msg_close(&m);
+    return ev;
+}
+
+/* 1 if one of mon's waiting events is DISCONNECTED (all are consumed) */
+static int saw_disconnect(void *mon) {
+    int seen = 0;
+    for (int ev; (ev = k3_link_monitor_event(mon)) >= 0;)
+        if (ev == ZMQ_EVENT_DISCONNECTED) seen = 1;
     return seen;
 }
 

@@ -43,6 +43,12 @@
  * nothing; the caller's thread must own the sockets. */
 int k3_link_await_peer_close(void *const *socks, void *const *mons, int n, int wait_ms);
 
+/* The next event waiting on mon (a PAIR socket connected to a socket
+ * monitor), read without blocking: its ZMQ_EVENT_* number, or -1 when none
+ * waits. An event is two frames, [u16 event, u32 value] and the endpoint;
+ * both are consumed. */
+int k3_link_monitor_event(void *mon);
+
 /* Build identity sent in HELLO / HELLO_OK: this prefix, then the source
  * revision the Makefile passes as K3_BUILD_REV (`git describe --always
  * --dirty`), e.g. "k3shard proto 1.3 rev 3f2a9c1". Both sides refuse a peer
