@@ -4,8 +4,14 @@
  * counts from 0 to far more than threads, pool sizes 1..4 and the NULL pool;
  * k3_pool_run returns only when all tasks are done; runs after an idle pause
  * (workers asleep in futex) still complete; argument errors are reported.
+ * The idle wait: for the yield window (2 ms, k3_pool_set_yield) idle
+ * workers stay runnable (state R in /proc/self/task), after it they sleep
+ * (state S); with a window of 0 they sleep after the 50 us spin.
  */
+#include <dirent.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "common/base/limits.h"
@@ -44,6 +50,56 @@ static int exercise(k3_pool *pool, int runs, int n_tasks, int slow) {
     }
     free(hits);
     return bad_runs;
+}
+
+/* The pool's worker threads (named k3-pool-N) by scheduler state, from
+ * /proc/self/task/TID/stat: *run = R (running or runnable: spinning or
+ * yielding), returns the number of workers seen. */
+static int worker_states(int *run) {
+    int n = 0;
+    *run = 0;
+    DIR *d = opendir("/proc/self/task");
+    if (!d) return -1;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char path[320], buf[256];
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        const size_t got = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[got] = 0;
+        const char *close = strrchr(buf, ')');
+        if (!strstr(buf, "(k3-pool-") || !close || close[1] != ' ') continue;
+        n++;
+        *run += close[2] == 'R';
+    }
+    closedir(d);
+    return n;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* After a run, pause pause_ms and read the workers' states; tries up to 20
+ * times for a reading taken within [lo_ms, hi_ms] of the run's end (a
+ * loaded machine may oversleep). Returns runnable workers, or -1. */
+static int runnable_after(k3_pool *p, double pause_ms, double lo_ms, double hi_ms) {
+    for (int t = 0; t < 20; t++) {
+        exercise(p, 1, 8, 0);
+        const double t0 = now_ms();
+        struct timespec ts = {0, (long)(pause_ms * 1e6)};
+        nanosleep(&ts, NULL);
+        int run = 0;
+        const int n = worker_states(&run);
+        const double dt = now_ms() - t0;
+        if (n == k3_pool_threads(p) - 1 && dt >= lo_ms && dt <= hi_ms) return run;
+    }
+    return -1;
 }
 
 /* Per-task results written to distinct slots: the same whatever thread ran
@@ -108,6 +164,24 @@ int main(void) {
         CHECK(exercise(p, 20000, 3, 0) == 0, "%d threads: 20000 runs of 3 tasks", nt);
         k3_pool_close(&p);
         CHECK(p == NULL, "%d threads: close joins and nulls the pointer", nt);
+    }
+
+    /* the idle wait: runnable through the yield window, then asleep */
+    if (k3_pool_open(&p, 3, err, sizeof err) == K3_OK) {
+        int run = runnable_after(p, 0.3, 0.0, 1.5);
+        CHECK(run == 2, "idle workers stay runnable 0.3 ms after a run (yielding): %d of 2", run);
+        run = runnable_after(p, 20, 20, 500);
+        CHECK(run == 0, "idle workers sleep 20 ms after a run: %d of 2 still runnable", run);
+        k3_pool_set_yield(p, 0);
+        run = runnable_after(p, 3, 3, 500);
+        CHECK(run == 0, "yield window 0: workers asleep 3 ms after a run: %d of 2 runnable", run);
+        CHECK(exercise(p, 2000, 9, 1) == 0,
+              "yield window 0: 2000 runs with slow tasks (threads sleep mid-run), each task once");
+        k3_pool_set_yield(p, 50000);
+        run = runnable_after(p, 10, 10, 40);
+        CHECK(run == 2, "yield window 50 ms: workers runnable 10 ms after a run: %d of 2", run);
+        k3_pool_set_yield(NULL, 0); /* no-op */
+        k3_pool_close(&p);
     }
 
     /* open/close churn with no runs, and close right after a run */

@@ -2,7 +2,7 @@
  *
  * One job at a time. The caller publishes a job as a 64-bit ticket
  * (generation << 32 | tasks left) and bumps a 32-bit generation word that
- * idle workers watch (spinning briefly, then sleeping in futex). Every
+ * idle workers watch (spinning, then yielding, then sleeping in futex). Every
  * thread, the caller included, claims tasks by a compare-and-swap on the
  * ticket that also checks the generation, so a worker that wakes late for an
  * old job can never take a task of the next one. Each finished task
@@ -12,7 +12,7 @@
  *
  * Several threads may call k3_pool_run on one pool (sessions running on one
  * model): they take turns job by job in arrival order through a ticket lock
- * (turn_next / turn_now), spinning briefly and then sleeping in futex like
+ * (turn_next / turn_now), spinning, yielding and then sleeping in futex like
  * the workers. A job's publication words are written only by the caller
  * holding the turn. FIFO turns keep two callers' jobs alternating; with a
  * plain mutex the thread that just released it would usually take it back
@@ -30,6 +30,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -41,20 +42,35 @@
 
 #include "common/base/limits.h"
 
-/* How long an idle thread spins before it sleeps. Back-to-back matmuls of a
- * decode step arrive a few microseconds apart; 50 us covers them without
- * burning a core when the pool is really idle. */
-#define POOL_SPIN_NS 50000
+/* How an idle thread waits (for a job, for the other threads' tasks, for
+ * its turn): POOL_SPIN_NS of pause-spinning, then sched_yield until
+ * POOL_YIELD_NS, then futex sleep.
+ *
+ * Why the yield phase (issue 21; docs/PERFORMANCE.md, "Wave 2, seventh
+ * session"): in a matmul split over 2 threads, whichever thread finishes
+ * its share first waits for the other, and on a shared VM the two shares
+ * of a 0.3-2 ms call differ by tens to hundreds of microseconds. With 50 us
+ * of spin and then sleep, the early thread often slept, and waking a
+ * sleeping vCPU costs 50-100 us: the busiest thread was in a task 86-89 %
+ * of the wall time, and 2 threads read 0.84-0.86 of STREAM on int8. Spun
+ * or yielded through, 0.96-0.98 and 0.88-0.93. A yielding thread stays
+ * runnable (its vCPU never halts, so nothing has to wake it) but gives its
+ * CPU to any other runnable thread, which matters where worker processes
+ * share cores (local clusters, the tests); pure spinning for milliseconds
+ * would take that time from them. Past 2 ms the pool is idle: sleep. */
+#define POOL_SPIN_NS  50000
+#define POOL_YIELD_NS 2000000
 
 struct k3_pool {
     /* written by the caller holding the turn only (before publishing the ticket) */
     _Alignas(64) _Atomic(k3_pool_fn) fn;
     _Atomic(void *) ctx;
     atomic_int n_tasks;
-    uint32_t gen_next;  /* turn holder's: generation of the next job */
-    int n_threads;      /* total, caller included */
-    int n_started;      /* worker threads actually created */
-    pthread_t *threads; /* [n_threads - 1], owned */
+    uint32_t gen_next;     /* turn holder's: generation of the next job */
+    int n_threads;         /* total, caller included */
+    atomic_llong yield_ns; /* end of the yield phase (POOL_YIELD_NS; k3_pool_set_yield) */
+    int n_started;         /* worker threads actually created */
+    pthread_t *threads;    /* [n_threads - 1], owned */
 
     _Alignas(64) _Atomic uint64_t ticket; /* gen << 32 | tasks not yet claimed */
     _Alignas(64) atomic_uint gen;         /* futex word idle workers wait on */
@@ -96,6 +112,32 @@ static int64_t mono_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* One step of a wait whose event has not come: spin (pause) for the first
+ * POOL_SPIN_NS, then yield the CPU until yield_ns (the pool's; POOL_YIELD_NS
+ * unless k3_pool_set_yield changed it); returns 0 when the
+ * waiter should sleep in futex instead. The clock is read once per 64
+ * pauses, and at every yield (a system call costs more than the read). */
+typedef struct {
+    int64_t t0, yield_ns;
+    int i, yielding;
+} wait_state;
+
+static int64_t yield_end(k3_pool *p) {
+    return atomic_load_explicit(&p->yield_ns, memory_order_relaxed);
+}
+
+static int wait_step(wait_state *w) {
+    if (!w->yielding) {
+        cpu_relax();
+        if ((++w->i & 63) != 0) return 1;
+        w->yielding = mono_ns() - w->t0 > POOL_SPIN_NS;
+        return 1;
+    }
+    if (mono_ns() - w->t0 > w->yield_ns) return 0;
+    sched_yield();
+    return 1;
+}
+
 /* Claims and runs tasks of job `gen` until none is left. The job's fn/ctx
  * are read only after a successful claim: from then on the job cannot end
  * (and be replaced) before this thread's task is done. */
@@ -132,12 +174,9 @@ static void *pool_worker(void *arg) {
     for (;;) {
         uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g == seen) {
-            int64_t t0 = mono_ns();
-            for (int i = 1; g == seen; i++) {
-                cpu_relax();
+            wait_state w = {.t0 = mono_ns(), .yield_ns = yield_end(p)};
+            while (g == seen && wait_step(&w))
                 g = atomic_load_explicit(&p->gen, memory_order_acquire);
-                if ((i & 63) == 0 && mono_ns() - t0 > POOL_SPIN_NS) break;
-            }
         }
         if (g == seen) {
             /* Dekker with k3_pool_run: sleepers++ then re-read gen, versus
@@ -162,6 +201,7 @@ k3_status k3_pool_open(k3_pool **out, int n_threads, char *err, size_t errlen) {
     k3_pool *p = k3_xaligned(64, sizeof *p);
     memset(p, 0, sizeof *p);
     p->n_threads = n_threads;
+    atomic_init(&p->yield_ns, POOL_YIELD_NS);
     p->gen_next = 1;
     p->threads = k3_xcalloc((size_t)n_threads, sizeof *p->threads);
     for (int i = 0; i < n_threads - 1; i++) {
@@ -195,19 +235,23 @@ void k3_pool_close(k3_pool **pool) {
 
 int k3_pool_threads(const k3_pool *pool) { return pool ? pool->n_threads : 1; }
 
-/* Waits for this caller's turn: a ticket, then spin, then sleep until
+void k3_pool_set_yield(k3_pool *pool, int yield_us) {
+    if (!pool) return;
+    const int64_t ns = yield_us < 0 ? 0 : (int64_t)yield_us * 1000;
+    atomic_store_explicit(&pool->yield_ns, ns > POOL_SPIN_NS ? ns : POOL_SPIN_NS,
+                          memory_order_relaxed);
+}
+
+/* Waits for this caller's turn: a ticket, then spin, yield, then sleep until
  * turn_now reaches it. The acquire load pairs with turn_end's release, so
  * the previous holder's writes (gen_next, the job words) are visible. */
 static void turn_begin(k3_pool *p) {
     uint32_t mine = atomic_fetch_add_explicit(&p->turn_next, 1, memory_order_relaxed);
     uint32_t now = atomic_load_explicit(&p->turn_now, memory_order_acquire);
     if (now == mine) return;
-    int64_t t0 = mono_ns();
-    for (int i = 1; now != mine; i++) {
-        cpu_relax();
+    wait_state w = {.t0 = mono_ns(), .yield_ns = yield_end(p)};
+    while (now != mine && wait_step(&w))
         now = atomic_load_explicit(&p->turn_now, memory_order_acquire);
-        if ((i & 63) == 0 && mono_ns() - t0 > POOL_SPIN_NS) break;
-    }
     if (now == mine) return;
     /* Dekker with turn_end: sleepers++ then re-read turn_now, versus
      * turn_now++ then read sleepers (all seq_cst): one side sees the other. */
@@ -255,15 +299,12 @@ void k3_pool_run(k3_pool *pool, k3_pool_fn fn, void *ctx, int n_tasks) {
 
     pool_work(p, gen);
 
-    /* Wait for tasks other threads still run: spin, then sleep on `done`. */
+    /* Wait for tasks other threads still run: spin, yield, then sleep on `done`. */
     int d = atomic_load_explicit(&p->done, memory_order_acquire);
     if (d != n_tasks) {
-        int64_t t0 = mono_ns();
-        for (int i = 1; d != n_tasks; i++) {
-            cpu_relax();
+        wait_state w = {.t0 = mono_ns(), .yield_ns = yield_end(p)};
+        while (d != n_tasks && wait_step(&w))
             d = atomic_load_explicit(&p->done, memory_order_acquire);
-            if ((i & 63) == 0 && mono_ns() - t0 > POOL_SPIN_NS) break;
-        }
     }
     if (d != n_tasks) {
         atomic_store_explicit(&p->caller_waiting, 1, memory_order_seq_cst);

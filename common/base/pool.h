@@ -11,7 +11,7 @@
  *
  * Threads: any number of threads may call k3_pool_run on one pool at once.
  * The pool runs one job at a time: concurrent callers take turns job by job,
- * first come first served, each waiting (spin, then futex sleep) while
+ * first come first served, each waiting (spin, yield, then futex sleep) while
  * another's job runs; an uncontended turn costs two atomic operations. So
  * the callers' jobs interleave and what they do between jobs runs in
  * parallel. A task must not call k3_pool_run on its own pool (asserted: it
@@ -31,6 +31,11 @@ typedef void (*k3_pool_fn)(void *ctx, int task);
 k3_status k3_pool_open(k3_pool **out, int n_threads, char *err, size_t errlen);
 void k3_pool_close(k3_pool **pool);
 int k3_pool_threads(const k3_pool *pool); /* 1 for NULL */
+/* How long an idle thread of this pool waits runnable (spinning, then
+ * yielding its CPU) before it sleeps in futex: yield_us microseconds, at
+ * least the 50 us spin; 2000 from k3_pool_open. 0 gives the pool of before
+ * 2026-12-03 (50 us, then sleep): bench_kernels_threads --sleep compares. */
+void k3_pool_set_yield(k3_pool *pool, int yield_us);
 void k3_pool_run(k3_pool *pool, k3_pool_fn fn, void *ctx, int n_tasks);
 
 #endif

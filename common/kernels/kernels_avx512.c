@@ -18,9 +18,12 @@
  * rows; each token's signed activations enter as the {1to16} broadcast
  * memory operand of vpdpbusd (inline asm: GCC does not fold it), and
  * bias * sum(q), precomputed per (token, group), is the sum's start value.
- * Below ZI8_MIN_N tokens the transpose costs more than it saves: the nibble
- * kinds run zv_tile (rows through the reduction instead), and int8 at n = 1
- * the 8-row ymm kernel of kernels_avx2.c with vpdpbusd (ZI8_MIN_N_I8).
+ * Below ZI8_MIN_N tokens the transpose costs more than it saves for the
+ * nibble kinds: they run zv_tile (rows through the reduction instead). int8
+ * runs this kernel at every n: at n = 1 its 16 row streams read from RAM
+ * 1.04-1.16x faster than the 8-row ymm kernel of kernels_avx2.c, which it
+ * replaced there on 2026-12-03 (Intel Xeon, 1 and 2 threads; in L3 it is
+ * 0.96x; docs/PERFORMANCE.md, issue 21, seventh session).
  *
  * On the AMD EPYC this was tuned on, 8 independent zmm vpdpbusd chains
  * retire 3.6 G/s per core and 8 vfmadd231ps chains a quarter of that in
@@ -398,9 +401,8 @@ static void z_mx_f32(const k3_mxfp4 *w, const float *x, int n, float *y, int r0,
 
 /* ---- MXFP4 integer-dot, 16 rows per block ---- */
 
-#define ZI8_T        16 /* tokens per tile (accumulators in registers) */
-#define ZI8_MIN_N    4  /* below: zv_tile (n = 3 as 2 + 1 tokens) is faster for MXFP4 and int4 */
-#define ZI8_MIN_N_I8 2  /* int8 below: the 8-row ymm kernel (this one is 1.39x faster at n = 2) */
+#define ZI8_T     16 /* tokens per tile (accumulators in registers) */
+#define ZI8_MIN_N 4  /* below: zv_tile (n = 3 as 2 + 1 tokens) is faster for MXFP4 and int4 */
 
 /* eh[g][i] = 2^(s-127)/2 of rows r..r+15, groups g0..g0+gn-1, written as
  * 16 floats per group. Full chunks of 16 groups go through a 16x16 byte
@@ -966,8 +968,8 @@ static void z_mx_i8(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n,
 
 static void z_q8_rows(const k3_qmat *m, const int8_t *xq, const float *xs, int n, float *y, int r0,
                       int r1) {
-    if (n < (m->fmt == K3_QF_I8 ? ZI8_MIN_N_I8 : ZI8_MIN_N)) {
-        const int r16 = m->fmt == K3_QF_I4G64 ? zv_rows(K3_IK_I4, m, xq, xs, n, y, r0, r1) : r0;
+    if (m->fmt == K3_QF_I4G64 && n < ZI8_MIN_N) {
+        const int r16 = zv_rows(K3_IK_I4, m, xq, xs, n, y, r0, r1);
         if (r16 < r1) k3_q8_rows_vnni256(m, xq, xs, n, y, r16, r1);
         return;
     }

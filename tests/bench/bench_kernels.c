@@ -343,7 +343,7 @@ int main(int argc, char **argv) {
     print_load("at start");
 
     /* denominators */
-    const size_t sbytes = quick ? (256u << 20) : (1024u << 20);
+    const size_t sbytes = bench_ram_bytes(quick ? (256u << 20) : (1024u << 20));
     uint8_t *sbuf = k3_xaligned(64, sbytes);
     memset(sbuf, 1, sbytes);
     double stream[3];
@@ -390,7 +390,7 @@ int main(int argc, char **argv) {
     };
     static const int ns[] = {1, 8, 32};
     const int nmax = 32;
-    const size_t ram_target = 512u << 20; /* rotate through >= 512 MB (L3 is 32 MB) */
+    const size_t ram_target = bench_ram_bytes(512u << 20); /* >= 4x L3 */
 
     printf("\n%-20s %-11s %2s %3s %-4s %9s %7s %6s %7s %6s\n", "kernel", "shape", "n", "thr", "mem",
            "ms/call", "GB/s", "%strm", "GOP/s", "%peak");

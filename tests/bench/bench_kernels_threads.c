@@ -19,7 +19,7 @@
  * int4i (--dense-idot). K3_ISA picks the level as everywhere.
  *
  * Usage: bench_kernels_threads [--quick] [--threads 1,2,4] [--n 1,2]
- *        [--rounds R] [--pattern] [--hot] [--thp] [--gap US] [FORMAT...]
+ *        [--rounds R] [--pattern] [--hot] [--sleep] [--thp] [--gap US] [FORMAT...]
  *   --thp     a second set of the copies, madvise(MADV_HUGEPAGE)d (transparent
  *             huge pages are "madvise" on many systems, so a plain malloc
  *             gets 4 KB pages), timed in the same rounds: column "thp" is its
@@ -38,6 +38,11 @@
  *             16-row order), column "seq" the same bytes read as one
  *             sequential stream per task (8 KB software prefetch), the
  *             pattern of a tile-major layout
+ *   --sleep   also time the kernel through a second pool whose idle threads
+ *             sleep after 50 us of spinning (k3_pool_set_yield 0, the pool
+ *             before 2026-12-03) instead of yielding for 2 ms first: column
+ *             "sleep", against the same STREAM passes; what waking a
+ *             sleeping thread inside back-to-back calls costs
  *   --hot     also time the kernel on ONE copy, called as often as there
  *             are copies (in L3 after the first call: the kernel's compute
  *             rate without RAM), against the same STREAM passes: column
@@ -209,7 +214,8 @@ static int parse_list(const char *s, int *out, int maxv) {
 #define ROUNDS_MAX 64
 
 int main(int argc, char **argv) {
-    int quick = 0, rounds = 9, rounds_set = 0, thp = 0, pattern = 0, hot = 0, gap_us = 0;
+    int quick = 0, rounds = 9, rounds_set = 0, thp = 0, pattern = 0, hot = 0, gap_us = 0,
+        sleepy = 0;
     int threads[MAX_LIST], nthreads = 0, ns[MAX_LIST] = {1, 2, 3, 4}, nns = 4;
     const char *names[8];
     int nnames = 0;
@@ -223,6 +229,8 @@ int main(int argc, char **argv) {
             pattern = 1;
         else if (!strcmp(argv[a], "--hot"))
             hot = 1;
+        else if (!strcmp(argv[a], "--sleep"))
+            sleepy = 1;
         else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
             nthreads = parse_list(argv[++a], threads, BENCH_RD_MAX_PARTS);
         else if (!strcmp(argv[a], "--n") && a + 1 < argc)
@@ -242,11 +250,11 @@ int main(int argc, char **argv) {
             }
             names[nnames++] = argv[a];
         } else {
-            fprintf(
-                stderr,
-                "usage: bench_kernels_threads [--quick] [--threads 1,2,..] [--n 1,..,4] "
-                "[--rounds R] [--thp] [--pattern] [--hot] [--gap US] [mxi8|int8|int8i|int4|int4i "
-                "...]\n");
+            fprintf(stderr,
+                    "usage: bench_kernels_threads [--quick] [--threads 1,2,..] [--n 1,..,4] "
+                    "[--rounds R] [--thp] [--pattern] [--hot] [--sleep] [--gap US] "
+                    "[mxi8|int8|int8i|int4|int4i "
+                    "...]\n");
             return 2;
         }
     }
@@ -259,8 +267,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 5; i++) names[nnames++] = all[i];
     }
     if (quick && !rounds_set && rounds > 5) rounds = 5;
-    const size_t ram_target = quick ? (192u << 20) : (512u << 20); /* L3 here is 32 MB */
-    const size_t sbytes = quick ? (256u << 20) : (512u << 20);
+    const size_t ram_target = bench_ram_bytes(quick ? (192u << 20) : (512u << 20));
+    const size_t sbytes = bench_ram_bytes(quick ? (256u << 20) : (512u << 20));
 
     printf("# k3shard decode threads: isa %s, %d cpus online, %d rounds per figure\n",
            k3_isa_name(k3_isa_active()), cpus, rounds);
@@ -273,6 +281,7 @@ int main(int argc, char **argv) {
            "STREAM", "ratio", "min", "max");
     printf(pattern ? " %6s %6s %6s" : "", "pat", "pts", "seq");
     printf(hot ? " %6s" : "", "hot");
+    printf(sleepy ? " %6s" : "", "sleep");
     printf(thp ? " %6s" : "", "thp");
     printf(gap_us ? " %6s\n" : "\n", "gap");
     for (int fi = 0; fi < nnames; fi++) {
@@ -302,17 +311,20 @@ int main(int argc, char **argv) {
         snprintf(shape, sizeof shape, "%dx%d", rows, cols);
         for (int ti = 0; ti < nthreads; ti++) {
             const int T = threads[ti];
-            k3_pool *pool = NULL;
+            k3_pool *pool = NULL, *spool = NULL; /* spool: --sleep's */
             char err[256];
-            if (T > 1 && k3_pool_open(&pool, T, err, sizeof err) != K3_OK) {
+            if (T > 1 && (k3_pool_open(&pool, T, err, sizeof err) != K3_OK ||
+                          (sleepy && k3_pool_open(&spool, T, err, sizeof err) != K3_OK))) {
                 fprintf(stderr, "bench_kernels_threads: %s\n", err);
                 return 1;
             }
+            k3_pool_set_yield(spool, 0);
             bench_rd_job rj = {.buf = sbuf, .bytes = sbytes, .parts = T};
             for (int ni = 0; ni < nns; ni++) {
                 const int n = ns[ni];
                 double r[ROUNDS_MAX], kg[ROUNDS_MAX], sg[ROUNDS_MAX + 1], pr[ROUNDS_MAX],
-                    qr[ROUNDS_MAX], tr[ROUNDS_MAX], hg[ROUNDS_MAX], gg[ROUNDS_MAX], og[ROUNDS_MAX];
+                    qr[ROUNDS_MAX], tr[ROUNDS_MAX], hg[ROUNDS_MAX], gg[ROUNDS_MAX], og[ROUNDS_MAX],
+                    zg[ROUNDS_MAX];
                 /* --hot: the first rows of copy 0, 4 MB per thread (in this
                  * VM's L2 + L3: 1 MB + a share of 32 MB, the L3 shared with
                  * other guests), called until the bytes equal a kernel
@@ -336,6 +348,11 @@ int main(int argc, char **argv) {
                     t0 = k3_now_s();
                     for (int c = 0; c < fc.copies; c++) run_once(&fc.m[c], &fc, n, pool);
                     kg[p] = (double)one * fc.copies / (k3_now_s() - t0) / 1e9;
+                    if (sleepy) {
+                        t0 = k3_now_s();
+                        for (int c = 0; c < fc.copies; c++) run_once(&fc.m[c], &fc, n, spool);
+                        zg[p] = (double)one * fc.copies / (k3_now_s() - t0) / 1e9;
+                    }
                     if (fc.mh) {
                         t0 = k3_now_s();
                         for (int c = 0; c < fc.copies; c++) run_once(&fc.mh[c], &fc, n, pool);
@@ -373,13 +390,14 @@ int main(int argc, char **argv) {
                     }
                 }
                 double sgc[ROUNDS_MAX + 1], prr[ROUNDS_MAX], qrr[ROUNDS_MAX], trr[ROUNDS_MAX],
-                    hr[ROUNDS_MAX], gr[ROUNDS_MAX], orr[ROUNDS_MAX];
+                    hr[ROUNDS_MAX], gr[ROUNDS_MAX], orr[ROUNDS_MAX], zr[ROUNDS_MAX];
                 for (int p = 0; p < rounds; p++) {
                     r[p] = kg[p] / ((sg[p] + sg[p + 1]) / 2);
                     prr[p] = pattern ? pr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     qrr[p] = pattern ? qr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     trr[p] = pattern ? tr[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     orr[p] = hot ? og[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
+                    zr[p] = sleepy ? zg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     hr[p] = fc.mh ? hg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                     gr[p] = gap_us ? gg[p] / ((sg[p] + sg[p + 1]) / 2) : 0;
                 }
@@ -392,12 +410,14 @@ int main(int argc, char **argv) {
                     printf(" %6.2f %6.2f %6.2f", median(prr, rounds), median(trr, rounds),
                            median(qrr, rounds));
                 if (hot) printf(" %6.2f", median(orr, rounds));
+                if (sleepy) printf(" %6.2f", median(zr, rounds));
                 if (fc.mh) printf(" %6.2f", median(hr, rounds));
                 if (gap_us) printf(" %6.2f", median(gr, rounds));
                 printf("\n");
                 fflush(stdout);
             }
             k3_pool_close(&pool);
+            k3_pool_close(&spool);
         }
         mats_free(fc.m, fc.copies);
         mats_free(fc.mh, fc.copies);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/kernels/kernels.h"
 
@@ -54,6 +55,22 @@ static inline int bench_kernel_shape(const char *k, int *kind, int *rows, int *c
 /* Set: bench_alloc asks for transparent huge pages (2 MB aligned blocks,
  * madvise(MADV_HUGEPAGE) before the first touch). */
 static int bench_thp = 0;
+
+/* The bytes a pass "from RAM" must cover: at least floor, and at least four
+ * times the last-level cache the CPU reports (sysconf, else sysfs index3),
+ * so that a 32 MB L3 and a 260 MB one (both seen on this project's VMs)
+ * leave the same small share of a pass in cache. */
+static inline size_t bench_ram_bytes(size_t floor) {
+    long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    if (llc <= 0) {
+        FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r");
+        char unit = 0;
+        if (f && fscanf(f, "%ld%c", &llc, &unit) >= 1) llc *= unit == 'M' ? (1L << 20) : 1024L;
+        if (f) fclose(f);
+    }
+    const size_t want = llc > 0 ? (size_t)llc * 4 : 0;
+    return want > floor ? want : floor;
+}
 
 /* 64-byte aligned, size rounded up; exits on OOM */
 static inline void *bench_alloc(size_t bytes) {
