@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/base/limits.h"
+#include "common/base/log.h"
 #include "common/base/pool.h"
 #include "tests/test.h"
 
@@ -79,24 +80,18 @@ static int worker_states(int *run) {
     return n;
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* After a run, pause pause_ms and read the workers' states; tries up to 20
  * times for a reading taken within [lo_ms, hi_ms] of the run's end (a
  * loaded machine may oversleep). Returns runnable workers, or -1. */
 static int runnable_after(k3_pool *p, double pause_ms, double lo_ms, double hi_ms) {
     for (int t = 0; t < 20; t++) {
         exercise(p, 1, 8, 0);
-        const double t0 = now_ms();
+        const double t0 = k3_now_s() * 1e3;
         struct timespec ts = {0, (long)(pause_ms * 1e6)};
         nanosleep(&ts, NULL);
         int run = 0;
         const int n = worker_states(&run);
-        const double dt = now_ms() - t0;
+        const double dt = k3_now_s() * 1e3 - t0;
         if (n == k3_pool_threads(p) - 1 && dt >= lo_ms && dt <= hi_ms) return run;
     }
     return -1;
@@ -167,7 +162,9 @@ int main(void) {
     }
 
     /* the idle wait: runnable through the yield window, then asleep */
-    if (k3_pool_open(&p, 3, err, sizeof err) == K3_OK) {
+    const k3_status st3 = k3_pool_open(&p, 3, err, sizeof err);
+    CHECK(st3 == K3_OK, "open a pool of 3 threads for the idle-wait checks");
+    if (st3 == K3_OK) {
         int run = runnable_after(p, 0.3, 0.0, 1.5);
         CHECK(run == 2, "idle workers stay runnable 0.3 ms after a run (yielding): %d of 2", run);
         run = runnable_after(p, 20, 20, 500);

@@ -122,8 +122,9 @@ typedef struct {
     int i, yielding;
 } wait_state;
 
-static int64_t yield_end(k3_pool *p) {
-    return atomic_load_explicit(&p->yield_ns, memory_order_relaxed);
+static wait_state wait_begin(k3_pool *p) {
+    return (wait_state){.t0 = mono_ns(),
+                        .yield_ns = atomic_load_explicit(&p->yield_ns, memory_order_relaxed)};
 }
 
 static int wait_step(wait_state *w) {
@@ -174,7 +175,7 @@ static void *pool_worker(void *arg) {
     for (;;) {
         uint32_t g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g == seen) {
-            wait_state w = {.t0 = mono_ns(), .yield_ns = yield_end(p)};
+            wait_state w = wait_begin(p);
             while (g == seen && wait_step(&w))
                 g = atomic_load_explicit(&p->gen, memory_order_acquire);
         }
@@ -249,7 +250,7 @@ static void turn_begin(k3_pool *p) {
     uint32_t mine = atomic_fetch_add_explicit(&p->turn_next, 1, memory_order_relaxed);
     uint32_t now = atomic_load_explicit(&p->turn_now, memory_order_acquire);
     if (now == mine) return;
-    wait_state w = {.t0 = mono_ns(), .yield_ns = yield_end(p)};
+    wait_state w = wait_begin(p);
     while (now != mine && wait_step(&w))
         now = atomic_load_explicit(&p->turn_now, memory_order_acquire);
     if (now == mine) return;
@@ -302,7 +303,7 @@ void k3_pool_run(k3_pool *pool, k3_pool_fn fn, void *ctx, int n_tasks) {
     /* Wait for tasks other threads still run: spin, yield, then sleep on `done`. */
     int d = atomic_load_explicit(&p->done, memory_order_acquire);
     if (d != n_tasks) {
-        wait_state w = {.t0 = mono_ns(), .yield_ns = yield_end(p)};
+        wait_state w = wait_begin(p);
         while (d != n_tasks && wait_step(&w))
             d = atomic_load_explicit(&p->done, memory_order_acquire);
     }

@@ -21,9 +21,9 @@
  * Below ZI8_MIN_N tokens the transpose costs more than it saves for the
  * nibble kinds: they run zv_tile (rows through the reduction instead). int8
  * runs this kernel at every n: at n = 1 its 16 row streams read from RAM
- * 1.04-1.16x faster than the 8-row ymm kernel of kernels_avx2.c, which it
- * replaced there on 2026-12-03 (Intel Xeon, 1 and 2 threads; in L3 it is
- * 0.96x; docs/PERFORMANCE.md, issue 21, seventh session).
+ * 1.05-1.13x as fast as the 8-row ymm kernel of kernels_avx2.c on 1 thread
+ * and 1.00-1.16x on 2, which it replaced there on 2026-12-03 (Intel Xeon;
+ * in L3 it is 0.96x; docs/PERFORMANCE.md, issue 21, seventh session).
  *
  * On the AMD EPYC this was tuned on, 8 independent zmm vpdpbusd chains
  * retire 3.6 G/s per core and 8 vfmadd231ps chains a quarter of that in
@@ -735,7 +735,7 @@ static int zk_rows(int kind, const zk_fn fns[ZI8_T], const void *mat, int rows, 
 
 /* ---- integer-dot for n = 1..3: 16 rows, rows through the reduction ----
  *
- * MX and I4 only (the nibble kinds; I8 keeps the 8-row ymm kernel). One zmm
+ * MX and I4 only (the nibble kinds; I8 runs the transposed kernel). One zmm
  * load is 64 bytes of a row: 4 groups, one per 128-bit lane. Both nibble
  * halves are decoded to u = w + bias in place: vpermb with the 16-entry
  * table repeated over 64 bytes reads the nibble's 4 bits and 2 don't-care

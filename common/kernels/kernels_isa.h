@@ -107,9 +107,8 @@ void k3_q8_rows_scalar(const k3_qmat *m, const int8_t *xq, const float *xs, int 
                        int r1);
 
 /* The AVX2 integer-dot kernel with vpdpbusd on ymm (needs AVX-512 VL + VNNI):
- * the AVX-512 level's choice for int8 at small n, where its 16-row
- * transposed kernel spends more on shuffles than it saves, and for the rows
- * after the last full block of 16. Same bits as every level. */
+ * the AVX-512 level's choice for the rows after the last full block of 16
+ * of its n <= 3 nibble kernel (MXFP4, int4). Same bits as every level. */
 void k3_mx_i8_rows_vnni256(const k3_mxfp4 *w, const int8_t *xq, const float *xs, int n, float *y,
                            int r0, int r1);
 /* The same 8-row ymm kernel for the dense integer-dot formats (I8, I4G64). */

@@ -253,8 +253,7 @@ int main(int argc, char **argv) {
             fprintf(stderr,
                     "usage: bench_kernels_threads [--quick] [--threads 1,2,..] [--n 1,..,4] "
                     "[--rounds R] [--thp] [--pattern] [--hot] [--sleep] [--gap US] "
-                    "[mxi8|int8|int8i|int4|int4i "
-                    "...]\n");
+                    "[mxi8|int8|int8i|int4|int4i ...]\n");
             return 2;
         }
     }
